@@ -1,0 +1,47 @@
+# kvops: the two first commands are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvops-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint unit lab clean help
+
+help:
+	@echo "make demo   set up .venv and run kvops ab-test on the embedded simulated engines"
+	@echo "make test   set up .venv (dev extras), run the lint gates, then the whole test suite"
+	@echo "make lint   only the lint gates;  make unit   only the unit tier"
+	@echo "make lab    bring the local lab up (disposable Debian test hosts)"
+
+$(BIN)/python:
+	@$(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	@echo "installing kvops and its dev extras into $(VENV) ..."
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,plots]' \
+		> $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	@$(BIN)/kvops ab-test --scenario all --scale 0.25 --out runs/demo
+
+lint: $(STAMP)
+	@$(BIN)/ruff check kvops tests benchmarks
+	@$(BIN)/ruff format --check kvops tests benchmarks
+	@$(BIN)/mypy
+	@$(BIN)/yamllint -s .
+	@PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint -q
+
+unit: $(STAMP)
+	@$(BIN)/pytest -q -m unit $(PYTEST_ARGS)
+
+test: lint
+	@$(BIN)/pytest -q $(PYTEST_ARGS)
+
+lab: $(STAMP)
+	@$(BIN)/kvops lab up
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache runs

@@ -1,0 +1,23 @@
+"""The `kvops` command group. Each command lives in its own module and is added here."""
+
+from __future__ import annotations
+
+import click
+
+from kvops import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="kvops")
+def main() -> None:
+    """Provision, validate and prove KV-cache offload for vLLM + LMCache (GDS) on NetApp ONTAP.
+
+    \b
+    Provision   ansible-playbook -i inventories/<env> playbooks/site.yml
+    Validate    kvops validate -i inventories/<env>
+    Prove       kvops smoke --url URL;  kvops ab-test --arm baseline=URL --arm offload=URL
+    Predict     kvops advise --scenario multi-shared-prefix
+    """
+
+
+# Commands are registered below, one line each, as they land.
