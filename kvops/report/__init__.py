@@ -1,0 +1,1 @@
+"""Renderers: terminal (rich), JSON, JUnit XML, Markdown/HTML with PNG plots."""
