@@ -33,4 +33,4 @@ def test_bad_line_is_a_warning_and_the_rest_is_kept() -> None:
     parsed = parse_prometheus_text(VLLM_TEXT + "vllm:num_requests_running{engine=\n")
     assert parsed.counter_value("vllm:prefix_cache_hits") == 1920.0
     assert len(parsed.warnings) == 1
-    assert "line 12" in parsed.warnings[0]
+    assert "line 10" in parsed.warnings[0]
