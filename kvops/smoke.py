@@ -1,0 +1,317 @@
+"""The offload smoke judge: evidence gathered around one prompt sent twice → PASS/FAIL/SKIP items.
+
+Why a separate pure module: the runner (`kvops.smoke_run`) does all the I/O — metrics scrapes,
+two streaming requests with an eviction in between, a listing of the chunk directory — and
+records plain numbers. Judging those numbers needs no network, so it is unit-tested exhaustively
+and an evidence document saved as JSON can be judged again offline.
+
+What each item proves:
+- `offload`: the engine has a second KV tier at all (a KV connector was queried, or LMCache
+  metrics exist). Its absence is the headline failure "offload not configured".
+- `eviction`: the prompt really left GPU memory before the re-send; otherwise a fast re-send
+  would only show vLLM's ordinary prefix cache.
+- `stored_tokens` / `retrieved_tokens`: LMCache's own counters rose on the first send / re-send.
+- `external_hits`: vLLM counted prefix-cache hits from the connector on the re-send.
+- `ttft`: the re-send's time to first token fell by a clear margin.
+- `chunk_files`: new chunk files appeared in the storage directory (`--gds-dir`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Status = Literal["PASS", "FAIL", "SKIP"]
+
+# Counters read at each phase (names without the `_total` suffix; the parser tries both).
+LMCACHE_STORED = "lmcache:num_stored_tokens"
+LMCACHE_HIT = "lmcache:num_hit_tokens"
+EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
+LOCAL_QUERIES = "vllm:prefix_cache_queries"
+LOCAL_HITS = "vllm:prefix_cache_hits"
+COUNTERS = (LMCACHE_STORED, LMCACHE_HIT, EXTERNAL_QUERIES, EXTERNAL_HITS, LOCAL_QUERIES, LOCAL_HITS)
+
+# The re-send must be at least this much faster than the cold send (0.2 = 20 % lower TTFT).
+DEFAULT_MIN_TTFT_DROP = 0.2
+# A re-send that found at least this share of its prompt in the GPU prefix cache was not evicted.
+RESIDENT_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """The counters of interest at one moment; None means the server does not expose it."""
+
+    counters: Mapping[str, float | None]
+    has_lmcache: bool
+
+    def get(self, name: str) -> float | None:
+        return self.counters.get(name)
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """One streaming request as the smoke saw it."""
+
+    ttft_ms: float
+    prompt_tokens: int
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ChunkFile:
+    """A file in the chunk directory. `layout` is "lmcache" for `*.kvcache.safetensors` (LMCache's
+    GDS backend) or "connector" for other `*.safetensors` (vLLM's ExampleConnector).
+    `header_ok` is None when the header was not checked (connector files)."""
+
+    path: str
+    size_bytes: int
+    layout: str
+    header_ok: bool | None = None
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """How the prompt was forced out of GPU memory: "reset_prefix_cache", "fillers" or "none"."""
+
+    method: str
+    detail: str
+    filler_tokens: int = 0
+    capacity_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class SmokeEvidence:
+    """Everything the judge needs, in plain values (JSON round-trips via `to_dict`/`from_dict`)."""
+
+    url: str
+    model: str
+    prompt_tokens: int
+    seed: int
+    before: MetricsSnapshot  # before the first send
+    after_first: MetricsSnapshot  # after the first (cold) send
+    before_resend: MetricsSnapshot  # after the eviction, just before the re-send
+    after_resend: MetricsSnapshot  # after the re-send
+    first: RequestResult
+    resend: RequestResult
+    eviction: Eviction
+    gds_dir: str | None = None
+    files_before: Sequence[ChunkFile] = field(default_factory=tuple)
+    files_after: Sequence[ChunkFile] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> SmokeEvidence:
+        def snap(d: Mapping[str, Any]) -> MetricsSnapshot:
+            return MetricsSnapshot(dict(d["counters"]), bool(d["has_lmcache"]))
+
+        return SmokeEvidence(
+            url=str(data["url"]),
+            model=str(data["model"]),
+            prompt_tokens=int(data["prompt_tokens"]),
+            seed=int(data["seed"]),
+            before=snap(data["before"]),
+            after_first=snap(data["after_first"]),
+            before_resend=snap(data["before_resend"]),
+            after_resend=snap(data["after_resend"]),
+            first=RequestResult(**data["first"]),
+            resend=RequestResult(**data["resend"]),
+            eviction=Eviction(**data["eviction"]),
+            gds_dir=data.get("gds_dir"),
+            files_before=tuple(ChunkFile(**f) for f in data.get("files_before", ())),
+            files_after=tuple(ChunkFile(**f) for f in data.get("files_after", ())),
+        )
+
+
+@dataclass(frozen=True)
+class SmokeItem:
+    """One judged piece of evidence."""
+
+    name: str
+    status: Status
+    message: str
+
+
+def _rise(a: MetricsSnapshot, b: MetricsSnapshot, name: str) -> float | None:
+    """How much a counter rose from `a` to `b`; None when either side lacks it."""
+    va, vb = a.get(name), b.get(name)
+    if va is None or vb is None:
+        return None
+    return vb - va
+
+
+def _tok(value: float) -> str:
+    return f"{value:,.0f} tokens"
+
+
+def judge_offload(ev: SmokeEvidence) -> SmokeItem:
+    """Is there a second KV tier? LMCache metrics, or a connector that was asked for the prompt."""
+    queried = _rise(ev.before, ev.after_resend, EXTERNAL_QUERIES)
+    if ev.after_resend.has_lmcache:
+        return SmokeItem("offload", "PASS", "LMCache metrics present: an LMCache engine")
+    if queried is not None and queried > 0:
+        return SmokeItem(
+            "offload",
+            "PASS",
+            f"a KV connector was queried for {_tok(queried)} (no LMCache metrics)",
+        )
+    why = (
+        "vllm:external_prefix_cache_queries did not rise"
+        if queried is not None
+        else "no vllm:external_prefix_cache_queries metric"
+    )
+    return SmokeItem(
+        "offload",
+        "FAIL",
+        f"offload not configured: no LMCache metrics and no KV connector was asked ({why}); "
+        "start the engine with --kv-transfer-config naming a connector (e.g. LMCacheConnectorV1)",
+    )
+
+
+def judge_eviction(ev: SmokeEvidence) -> SmokeItem:
+    """The prompt must have left GPU memory, or a fast re-send proves nothing about offload."""
+    if ev.eviction.method == "none":
+        return SmokeItem(
+            "eviction",
+            "FAIL",
+            f"could not force the prompt out of GPU memory: {ev.eviction.detail}",
+        )
+    local_hits = _rise(ev.before_resend, ev.after_resend, LOCAL_HITS)
+    if local_hits is not None and local_hits >= RESIDENT_SHARE * ev.prompt_tokens:
+        return SmokeItem(
+            "eviction",
+            "FAIL",
+            f"the prompt was still in GPU memory after {ev.eviction.method} "
+            f"({ev.eviction.detail}): the re-send found {_tok(local_hits)} in the GPU prefix cache",
+        )
+    seen = "" if local_hits is None else f"; re-send found {_tok(local_hits)} in the GPU cache"
+    return SmokeItem("eviction", "PASS", f"{ev.eviction.detail}{seen}")
+
+
+def judge_stored(ev: SmokeEvidence) -> SmokeItem:
+    if not ev.after_first.has_lmcache:
+        return SmokeItem("stored_tokens", "SKIP", "no LMCache metrics: not an LMCache engine")
+    rose = _rise(ev.before, ev.after_first, LMCACHE_STORED)
+    if rose is None:
+        return SmokeItem(
+            "stored_tokens", "FAIL", "LMCache metrics present but no lmcache:num_stored_tokens"
+        )
+    if rose > 0:
+        return SmokeItem(
+            "stored_tokens",
+            "PASS",
+            f"lmcache:num_stored_tokens rose by {_tok(rose)} "
+            f"on the first send of a {ev.prompt_tokens:,}-token prompt",
+        )
+    return SmokeItem(
+        "stored_tokens", "FAIL", "lmcache:num_stored_tokens did not rise: LMCache stored nothing"
+    )
+
+
+def judge_retrieved(ev: SmokeEvidence) -> SmokeItem:
+    if not ev.after_resend.has_lmcache:
+        return SmokeItem("retrieved_tokens", "SKIP", "no LMCache metrics: not an LMCache engine")
+    rose = _rise(ev.before_resend, ev.after_resend, LMCACHE_HIT)
+    if rose is None:
+        return SmokeItem(
+            "retrieved_tokens", "FAIL", "LMCache metrics present but no lmcache:num_hit_tokens"
+        )
+    if rose > 0:
+        return SmokeItem(
+            "retrieved_tokens",
+            "PASS",
+            f"lmcache:num_hit_tokens rose by {_tok(rose)} on the re-send",
+        )
+    return SmokeItem(
+        "retrieved_tokens", "FAIL", "lmcache:num_hit_tokens did not rise on the re-send"
+    )
+
+
+def judge_external_hits(ev: SmokeEvidence) -> SmokeItem:
+    rose = _rise(ev.before_resend, ev.after_resend, EXTERNAL_HITS)
+    if rose is None:
+        return SmokeItem(
+            "external_hits", "SKIP", "the server exposes no vllm:external_prefix_cache_hits"
+        )
+    if rose > 0:
+        return SmokeItem(
+            "external_hits",
+            "PASS",
+            f"vllm:external_prefix_cache_hits rose by {_tok(rose)} on the re-send "
+            f"({rose / max(ev.prompt_tokens, 1):.0%} of the prompt)",
+        )
+    return SmokeItem(
+        "external_hits",
+        "FAIL",
+        "vllm:external_prefix_cache_hits did not rise on the re-send: nothing came back "
+        "from the offload tier",
+    )
+
+
+def judge_ttft(ev: SmokeEvidence, min_drop: float) -> SmokeItem:
+    cold, warm = ev.first.ttft_ms, ev.resend.ttft_ms
+    drop = 1.0 - warm / cold if cold > 0 else 0.0
+    text = f"TTFT {cold:.1f} ms cold → {warm:.1f} ms re-sent ({drop:+.0%} lower"
+    if drop >= min_drop:
+        return SmokeItem("ttft", "PASS", f"{text}, needed {min_drop:.0%})")
+    return SmokeItem("ttft", "FAIL", f"{text}; needed at least {min_drop:.0%} lower)")
+
+
+def judge_chunk_files(ev: SmokeEvidence) -> SmokeItem:
+    if ev.gds_dir is None:
+        return SmokeItem("chunk_files", "SKIP", "no --gds-dir given")
+    old = {f.path for f in ev.files_before}
+    new = [f for f in ev.files_after if f.path not in old]
+    if not new:
+        return SmokeItem(
+            "chunk_files",
+            "FAIL",
+            f"no new chunk files under {ev.gds_dir} "
+            f"({len(ev.files_after)} there, none new): nothing was written to storage",
+        )
+    lmcache = [f for f in new if f.layout == "lmcache"]
+    bad = [f for f in lmcache if f.header_ok is False]
+    size_mib = sum(f.size_bytes for f in new) / 2**20
+    if bad:
+        return SmokeItem(
+            "chunk_files",
+            "FAIL",
+            f"{len(bad)} of {len(lmcache)} new LMCache chunk files have a bad header or size "
+            f"(e.g. {bad[0].path})",
+        )
+    kind = (
+        "LMCache chunk files (*.kvcache.safetensors)"
+        if lmcache
+        else "connector files (*.safetensors)"
+    )
+    return SmokeItem(
+        "chunk_files", "PASS", f"{len(new)} new {kind} under {ev.gds_dir}, {size_mib:.1f} MiB"
+    )
+
+
+def judge(ev: SmokeEvidence, min_ttft_drop: float = DEFAULT_MIN_TTFT_DROP) -> list[SmokeItem]:
+    """All items, in the order a reader follows the story."""
+    return [
+        judge_offload(ev),
+        judge_eviction(ev),
+        judge_stored(ev),
+        judge_external_hits(ev),
+        judge_retrieved(ev),
+        judge_ttft(ev, min_ttft_drop),
+        judge_chunk_files(ev),
+    ]
+
+
+def overall(items: Sequence[SmokeItem]) -> Status:
+    """FAIL if any item failed; PASS if at least one passed and none failed; else SKIP."""
+    if any(i.status == "FAIL" for i in items):
+        return "FAIL"
+    return "PASS" if any(i.status == "PASS" for i in items) else "SKIP"
+
+
+def exit_code(items: Sequence[SmokeItem]) -> int:
+    """0 pass, 1 fail (as for validate); 2 is the runner's "could not run"."""
+    return 1 if overall(items) == "FAIL" else 0

@@ -1,0 +1,198 @@
+"""The pure smoke judge: each piece of evidence gives the status and reason an operator expects."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from kvops.smoke import (
+    EXTERNAL_HITS,
+    EXTERNAL_QUERIES,
+    LMCACHE_HIT,
+    LMCACHE_STORED,
+    LOCAL_HITS,
+    ChunkFile,
+    Eviction,
+    MetricsSnapshot,
+    RequestResult,
+    SmokeEvidence,
+    SmokeItem,
+    exit_code,
+    judge,
+    overall,
+)
+
+PROMPT = 2048
+
+
+def snap(has_lmcache: bool = False, **values: float | None) -> MetricsSnapshot:
+    names = {
+        "stored": LMCACHE_STORED,
+        "hit": LMCACHE_HIT,
+        "ext_q": EXTERNAL_QUERIES,
+        "ext_h": EXTERNAL_HITS,
+        "local_h": LOCAL_HITS,
+    }
+    return MetricsSnapshot({names[k]: v for k, v in values.items()}, has_lmcache)
+
+
+def connector_evidence(**over: object) -> SmokeEvidence:
+    """A vLLM with the ExampleConnector that did everything right."""
+    ev = SmokeEvidence(
+        url="http://127.0.0.1:8000",
+        model="tiny",
+        prompt_tokens=PROMPT,
+        seed=7,
+        before=snap(ext_q=0, ext_h=0, local_h=0),
+        after_first=snap(ext_q=PROMPT, ext_h=0, local_h=0),
+        before_resend=snap(ext_q=PROMPT, ext_h=0, local_h=0),
+        after_resend=snap(ext_q=2 * PROMPT, ext_h=1920, local_h=0),
+        first=RequestResult(ttft_ms=260.0, prompt_tokens=PROMPT, cached_tokens=0),
+        resend=RequestResult(ttft_ms=60.0, prompt_tokens=PROMPT, cached_tokens=1920),
+        eviction=Eviction("reset_prefix_cache", "POST /reset_prefix_cache answered success"),
+        gds_dir="/data/kv",
+        files_before=(),
+        files_after=(ChunkFile("/data/kv/abc/layer0.safetensors", 1 << 20, "connector"),),
+    )
+    return dataclasses.replace(ev, **over)  # type: ignore[arg-type]
+
+
+def lmcache_evidence(**over: object) -> SmokeEvidence:
+    ev = connector_evidence(
+        before=snap(True, stored=0, hit=0, ext_q=0, ext_h=0, local_h=0),
+        after_first=snap(True, stored=2048, hit=0, ext_q=PROMPT, ext_h=0, local_h=0),
+        before_resend=snap(True, stored=2048, hit=0, ext_q=PROMPT, ext_h=0, local_h=0),
+        after_resend=snap(True, stored=2048, hit=2048, ext_q=2 * PROMPT, ext_h=2047, local_h=0),
+        files_after=tuple(
+            ChunkFile(
+                f"/data/kv/12/34/tiny%401%400%40{i:x}%40float.kvcache.safetensors",
+                4096 + 65536,
+                "lmcache",
+                True,
+            )
+            for i in range(8)
+        ),
+    )
+    return dataclasses.replace(ev, **over)  # type: ignore[arg-type]
+
+
+def by_name(items: list[SmokeItem]) -> dict[str, SmokeItem]:
+    return {i.name: i for i in items}
+
+
+def test_connector_engine_passes_and_lmcache_items_skip_with_reason() -> None:
+    items = by_name(judge(connector_evidence()))
+    assert items["offload"].status == "PASS"
+    assert items["stored_tokens"].status == "SKIP"
+    assert items["stored_tokens"].message == "no LMCache metrics: not an LMCache engine"
+    assert items["retrieved_tokens"].status == "SKIP"
+    assert items["external_hits"].status == "PASS"
+    assert "1,920 tokens" in items["external_hits"].message
+    assert items["ttft"].status == "PASS"
+    assert items["chunk_files"].status == "PASS"
+    assert "connector files" in items["chunk_files"].message
+    assert overall(list(items.values())) == "PASS"
+    assert exit_code(list(items.values())) == 0
+
+
+def test_lmcache_engine_passes_every_item() -> None:
+    items = judge(lmcache_evidence())
+    assert [i.status for i in items] == ["PASS"] * 7
+    named = by_name(items)
+    assert "LMCache chunk files" in named["chunk_files"].message
+    assert "2,048 tokens" in named["stored_tokens"].message
+
+
+def test_engine_without_offload_fails_with_offload_not_configured() -> None:
+    flat = snap(ext_q=0, ext_h=0, local_h=0)
+    ev = connector_evidence(
+        before=flat,
+        after_first=flat,
+        before_resend=flat,
+        after_resend=flat,
+        resend=RequestResult(ttft_ms=255.0, prompt_tokens=PROMPT, cached_tokens=0),
+        files_after=(),
+    )
+    items = judge(ev)
+    named = by_name(items)
+    assert named["offload"].status == "FAIL"
+    assert named["offload"].message.startswith("offload not configured")
+    assert named["external_hits"].status == "FAIL"
+    assert named["ttft"].status == "FAIL"
+    assert named["chunk_files"].status == "FAIL"
+    assert exit_code(items) == 1
+
+
+def test_missing_external_metric_is_offload_not_configured_and_hits_skip() -> None:
+    bare = MetricsSnapshot({}, False)
+    ev = connector_evidence(before=bare, after_first=bare, before_resend=bare, after_resend=bare)
+    named = by_name(judge(ev))
+    assert named["offload"].status == "FAIL"
+    assert "no vllm:external_prefix_cache_queries metric" in named["offload"].message
+    assert named["external_hits"].status == "SKIP"
+
+
+def test_prompt_still_resident_fails_eviction() -> None:
+    ev = connector_evidence(after_resend=snap(ext_q=2 * PROMPT, ext_h=0, local_h=1920))
+    named = by_name(judge(ev))
+    assert named["eviction"].status == "FAIL"
+    assert "still in GPU memory" in named["eviction"].message
+
+
+def test_no_way_to_evict_fails_eviction_with_the_reason() -> None:
+    ev = connector_evidence(eviction=Eviction("none", "no /reset_prefix_cache and no KV capacity"))
+    named = by_name(judge(ev))
+    assert named["eviction"].status == "FAIL"
+    assert "no /reset_prefix_cache" in named["eviction"].message
+
+
+@pytest.mark.parametrize(
+    ("resend_ms", "status"), [(60.0, "PASS"), (207.0, "PASS"), (209.0, "FAIL"), (300.0, "FAIL")]
+)
+def test_ttft_needs_a_clear_drop(resend_ms: float, status: str) -> None:
+    ev = connector_evidence(resend=RequestResult(resend_ms, PROMPT, 0))
+    assert by_name(judge(ev))["ttft"].status == status
+
+
+def test_ttft_margin_is_configurable() -> None:
+    ev = connector_evidence(resend=RequestResult(200.0, PROMPT, 0))
+    assert by_name(judge(ev, min_ttft_drop=0.5))["ttft"].status == "FAIL"
+    assert by_name(judge(ev, min_ttft_drop=0.1))["ttft"].status == "PASS"
+
+
+def test_chunk_files_skip_without_dir_and_fail_without_new_files() -> None:
+    assert by_name(judge(connector_evidence(gds_dir=None)))["chunk_files"].status == "SKIP"
+    old = (ChunkFile("/data/kv/x.safetensors", 10, "connector"),)
+    item = by_name(judge(connector_evidence(files_before=old, files_after=old)))["chunk_files"]
+    assert item.status == "FAIL"
+    assert "none new" in item.message
+
+
+def test_bad_lmcache_header_fails_chunk_files() -> None:
+    bad = (ChunkFile("/data/kv/12/34/k.kvcache.safetensors", 100, "lmcache", False),)
+    item = by_name(judge(lmcache_evidence(files_after=bad)))["chunk_files"]
+    assert item.status == "FAIL"
+    assert "bad header" in item.message
+
+
+def test_lmcache_counters_that_did_not_rise_fail() -> None:
+    still = snap(True, stored=0, hit=0, ext_q=PROMPT, ext_h=0, local_h=0)
+    named = by_name(
+        judge(lmcache_evidence(after_first=still, before_resend=still, after_resend=still))
+    )
+    assert named["stored_tokens"].status == "FAIL"
+    assert named["retrieved_tokens"].status == "FAIL"
+    assert named["offload"].status == "PASS"  # LMCache is there, it just did nothing
+
+
+def test_evidence_round_trips_through_json() -> None:
+    ev = lmcache_evidence()
+    again = SmokeEvidence.from_dict(json.loads(json.dumps(ev.to_dict())))
+    assert judge(again) == judge(ev)
+
+
+def test_overall_of_only_skips_is_skip() -> None:
+    assert overall([SmokeItem("a", "SKIP", "x")]) == "SKIP"
+    assert exit_code([SmokeItem("a", "SKIP", "x")]) == 0
