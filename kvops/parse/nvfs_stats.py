@@ -1,0 +1,149 @@
+"""`/proc/driver/nvidia-fs/stats` → counters, PeerDirect state and per-GPU memory.
+
+Old drivers print MB unit names (`readmb`, `pinned_MB`), newer ones MiB (`readMiB`,
+`Registered_MiB`); the kernel prints `label<TABs>: key=value ...`. Values are keyed the same
+way for both (`read_mib`), with `unit` recording which spelling was seen. A doc-wrapped
+continuation line (`pg-cache-eio=0` alone) is folded into the line before it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+_KV = re.compile(r"([A-Za-z_\-()%/]+)=\s*(-?[\d.]+|\S+)")
+_GPU = re.compile(r"GPU\s+(?P<bdf>\S+)\s+uuid:(?P<uuid>\S+)\s*:\s*(?P<rest>.*)")
+
+
+@dataclass
+class NvfsStats:
+    gds_version: str | None = None
+    stats_version: str | None = None
+    driver_version: str | None = None
+    peerdirect_supported: bool | None = None
+    unit: str | None = None
+    reads: dict[str, float] = field(default_factory=dict)
+    writes: dict[str, float] = field(default_factory=dict)
+    ops: dict[str, float] = field(default_factory=dict)
+    sections: dict[str, dict[str, str]] = field(default_factory=dict)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _num(value: str) -> float | None:
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _counters(pairs: dict[str, str]) -> dict[str, float]:
+    """Normalise `readMiB`/`readmb`/`writeMiB`/`writemb` to `mib`, keep the rest by name."""
+    out: dict[str, float] = {}
+    for key, value in pairs.items():
+        number = _num(value)
+        if number is None:
+            continue
+        lowered = key.lower()
+        if lowered in {"readmib", "readmb", "writemib", "writemb"}:
+            out["mib"] = number
+        elif lowered.startswith("bandwidth"):
+            out["bandwidth_mib_s"] = number
+        elif lowered.startswith("avg-latency"):
+            out["avg_latency_us"] = number
+        else:
+            out[lowered.replace("-", "_")] = number
+    return out
+
+
+def _header(stats: NvfsStats, label: str, value: str) -> bool:
+    if label == "GDS Version":
+        stats.gds_version = value.strip() or None
+    elif label.startswith("NVFS statistics"):
+        m = re.search(r"ver:\s*([\d.]+)", label + ":" + value)
+        stats.stats_version = m.group(1) if m else None
+    elif label.startswith("NVFS Driver"):
+        m = re.search(r"version:\s*([\d:.]+)", label + ":" + value)
+        stats.driver_version = m.group(1).replace(":", ".") if m else None
+    elif label == "Mellanox PeerDirect Supported":
+        stats.peerdirect_supported = value.strip().lower() == "true"
+    elif label.startswith("Active Shadow-Buffer"):
+        stats.unit = "MiB" if "MiB" in label else "MB"
+    else:
+        return False
+    return True
+
+
+def _gpu(stats: NvfsStats, line: str) -> None:
+    m = _GPU.match(line)
+    if not m:
+        stats.warnings.append(f"unrecognised GPU line: {line[:120]}")
+        return
+    gpu: dict[str, Any] = {"bdf": m.group("bdf"), "uuid": m.group("uuid")}
+    for key, value in _KV.findall(m.group("rest")):
+        lowered = key.lower()
+        name = {
+            "registered_mib": "registered_mib",
+            "pinned_mb": "registered_mib",
+            "cache_mib": "cache_mib",
+            "cache_mb": "cache_mib",
+            "max_pinned_mib": "max_pinned_mib",
+            "max_pinned_mb": "max_pinned_mib",
+            "cross_root_port(%)": "cross_root_port_pct",
+        }.get(lowered, lowered)
+        gpu[name] = _num(value)
+    stats.gpus.append(gpu)
+
+
+def parse_nvfs_stats(text: str) -> NvfsStats:
+    """Parse the stats file. Never raises; unknown lines become warnings."""
+    stats = NvfsStats()
+    previous: str | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("GPU ") and "uuid:" in line:
+            _gpu(stats, line)
+            continue
+        if ":" not in line:
+            if previous is not None and "=" in line:
+                stats.sections[previous].update(dict(_KV.findall(line)))
+            else:
+                stats.warnings.append(f"unrecognised line: {line[:120]}")
+            continue
+        label, _, value = line.partition(":")
+        label = label.strip()
+        if _header(stats, label, value):
+            continue
+        pairs = dict(_KV.findall(value))
+        if not pairs:
+            stats.sections.setdefault(label, {})["value"] = value.strip()
+            continue
+        key = label if label not in stats.sections else f"{label} #2"
+        stats.sections[key] = pairs
+        previous = key
+    for label, pairs in stats.sections.items():
+        if label.startswith("Reads"):
+            stats.reads.update(_counters(pairs))
+        elif label.startswith("Writes"):
+            stats.writes.update(_counters(pairs))
+        elif label == "Ops":
+            stats.ops.update({k.lower(): v for k, v in _counters(pairs).items()})
+    if stats.gds_version is None and not stats.sections:
+        stats.warnings.append("no nvidia-fs statistics found")
+    elif "n" not in stats.reads or "n" not in stats.writes:
+        stats.warnings.append("Reads/Writes counters missing: output truncated?")
+    return stats
+
+
+def io_counts(stats: NvfsStats) -> tuple[int, int] | None:
+    """(reads n, writes n): the counters that rise only when IO really goes through nvidia-fs."""
+    reads, writes = stats.reads.get("n"), stats.writes.get("n")
+    if reads is None or writes is None:
+        return None
+    return int(reads), int(writes)
