@@ -1,0 +1,174 @@
+"""Sending one streaming request and timing it exactly as `vllm bench serve` does.
+
+`send_request` is the stable entry point that `kvops smoke` and the ab-test runner share. It
+never raises for a failed request: HTTP errors, malformed streams, stalls and dropped
+connections all come back as a RequestRecord whose `error` says why (errors are results; nothing
+is retried silently). Request bodies are serialised ahead of the send instant, so a 30K-token
+prompt's JSON encoding does not count as server latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from kvops.loadgen.record import RequestRecord
+from kvops.loadgen.sse import MalformedStreamError, SseParser
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where requests go. `api` is "completions" (token-id or text prompts) or "chat"."""
+
+    base_url: str
+    model: str
+    api: str = "completions"
+
+    @property
+    def url(self) -> str:
+        path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
+        return self.base_url.rstrip("/") + path
+
+
+@dataclass
+class CompletionRequest:
+    """One request to send. `prompt` is a list of token ids (exact length) or text.
+
+    `ignore_eos` + `min_tokens` = `max_tokens` make the output length exact, as vLLM honours
+    both; servers that do not know them ignore unknown fields."""
+
+    request_id: str
+    prompt: list[int] | str
+    output_tokens: int
+    prefix_id: int | None = None
+    intended_prompt_tokens: int | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    _body: bytes | None = field(default=None, repr=False)
+
+    def body(self, endpoint: Endpoint) -> bytes:
+        """The JSON body, built once and cached (encode before the clock starts)."""
+        if self._body is None:
+            payload: dict[str, Any] = {
+                "model": endpoint.model,
+                "max_tokens": self.output_tokens,
+                "min_tokens": self.output_tokens,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "temperature": 0.0,
+            }
+            if endpoint.api == "chat":
+                text = self.prompt if isinstance(self.prompt, str) else str(self.prompt)
+                payload["messages"] = [{"role": "user", "content": text}]
+                payload["max_completion_tokens"] = self.output_tokens
+            else:
+                payload["prompt"] = self.prompt
+            payload.update(self.extra_body)
+            self._body = json.dumps(payload, separators=(",", ":")).encode()
+        return self._body
+
+
+def make_session(max_connections: int = 0) -> aiohttp.ClientSession:
+    """A session whose connection pool never queues requests (limit 0 = unlimited), so the
+    client adds no hidden concurrency cap; `max_connections` > 0 sets one deliberately."""
+    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=300)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None),
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+    )
+
+
+async def send_request(
+    session: aiohttp.ClientSession,
+    endpoint: Endpoint,
+    request: CompletionRequest,
+    *,
+    timeout_s: float = 600.0,
+    stall_timeout_s: float | None = 60.0,
+    record: RequestRecord | None = None,
+) -> RequestRecord:
+    """POST one streaming request and return its record (never raises for request failures).
+
+    `timeout_s` bounds the whole request; `stall_timeout_s` bounds any silence between reads.
+    `record` may carry labels (arm, trial, batch, ...) to be filled in; a fresh one is made
+    otherwise. Timestamps are `time.perf_counter()` (CLOCK_MONOTONIC: comparable across
+    processes on Linux)."""
+    rec = record if record is not None else RequestRecord(request_id=request.request_id)
+    rec.url = endpoint.url
+    rec.prefix_id = request.prefix_id
+    rec.intended_prompt_tokens = request.intended_prompt_tokens
+    rec.intended_output_tokens = request.output_tokens
+    body = request.body(endpoint)
+    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=stall_timeout_s)
+    parser = SseParser()
+    usage: dict[str, Any] | None = None
+    token_events = 0
+    rec.send_time_unix_s = time.time()
+    st = time.perf_counter()
+    rec.send_perf_s = st
+    if rec.scheduled_perf_s is not None:
+        rec.dispatch_lag_ms = max(0.0, (st - rec.scheduled_perf_s) * 1000.0)
+    offsets = rec.chunk_offsets_ms
+    try:
+        async with session.post(endpoint.url, data=body, timeout=timeout) as resp:
+            rec.http_status = resp.status
+            if resp.status != 200:
+                text = (await resp.text(errors="replace"))[:300]
+                rec.error = f"HTTP {resp.status}: {text.strip()}"
+            else:
+                async for data in resp.content.iter_any():
+                    now = time.perf_counter()
+                    events = parser.feed(data)
+                    for _ in range(events.token_events):
+                        offsets.append(round((now - st) * 1000.0, 4))
+                    token_events += events.token_events
+                    if events.usage is not None:
+                        usage = events.usage
+                    if events.error is not None:
+                        rec.error = events.error
+                        break
+                    if events.done:
+                        break
+                if rec.error is None and not parser.saw_done:
+                    rec.error = "stream ended before [DONE] (connection closed by server)"
+    except MalformedStreamError as exc:
+        rec.error = str(exc)
+    except aiohttp.ServerTimeoutError:
+        rec.error = f"timeout: no data for {stall_timeout_s:g} s (stream stalled)"
+    except TimeoutError:
+        rec.error = f"timeout: request exceeded {timeout_s:g} s"
+    except aiohttp.ClientConnectorError as exc:
+        rec.error = f"connection failed: {exc.os_error or exc}"
+    except (aiohttp.ClientError, ConnectionError, OSError) as exc:
+        rec.error = f"{type(exc).__name__}: {exc}".strip()
+    except asyncio.CancelledError:
+        rec.error = "cancelled (run interrupted)"
+        rec.end_perf_s = time.perf_counter()
+        _fill_usage(rec, usage, token_events)
+        raise
+    rec.end_perf_s = time.perf_counter()
+    _fill_usage(rec, usage, token_events)
+    return rec
+
+
+def _fill_usage(rec: RequestRecord, usage: dict[str, Any] | None, token_events: int) -> None:
+    """Token counts come from the final usage chunk, as in vLLM; the chunk count stands in for
+    output tokens only when the server sends no usage (marked so the report can say so).
+    `cached_tokens` stays None when the server does not report it — never 0."""
+    if usage:
+        if isinstance(usage.get("prompt_tokens"), int):
+            rec.prompt_tokens = usage["prompt_tokens"]
+        if isinstance(usage.get("completion_tokens"), int):
+            rec.output_tokens = usage["completion_tokens"]
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            rec.cached_tokens = details["cached_tokens"]
+    if rec.output_tokens is None and token_events:
+        rec.output_tokens = token_events
+        rec.output_tokens_source = "chunks"

@@ -1,0 +1,152 @@
+"""Test double: an OpenAI-style streaming server with fixed, known timing.
+
+First chunk 50 ms after the request arrives, then one chunk every 10 ms, on absolute
+deadlines (t0 + 50 ms + k x 10 ms) so the server's own sleep jitter does not accumulate: what
+a client measures beyond these figures is client (or network stack) error.
+
+Run: python tests/doubles/fixed_delay_server.py --port P [--fault http500|malformed|stall]
+     [--text-only] [--vocab-size N] [--first-ms 50] [--gap-ms 10]
+It is a test double, named as such; production code never imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from aiohttp import web
+
+BOS = 1
+
+
+def _count_text_tokens(text: str) -> int:
+    """The double's tokenizer: one token per whitespace-separated word."""
+    return len(text.split())
+
+
+class FixedDelay:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.requests = 0
+        self.generated = 0
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests += 1
+        prompt = body.get("prompt")
+        if prompt is None and "messages" in body:
+            prompt = " ".join(m.get("content", "") for m in body["messages"])
+        if isinstance(prompt, list):
+            if self.args.text_only:
+                return web.json_response(
+                    {"error": {"message": "token ids not accepted"}}, status=400
+                )
+            if any(not isinstance(t, int) or t >= self.args.vocab_size for t in prompt):
+                return web.json_response(
+                    {"error": {"message": "token id out of range"}}, status=400
+                )
+            prompt_tokens = len(prompt)
+        else:
+            prompt_tokens = _count_text_tokens(str(prompt)) + 1
+        if self.args.fault == "http500":
+            return web.json_response({"error": {"message": "injected failure"}}, status=500)
+        n = int(body.get("max_tokens") or 16)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for k in range(n):
+            delay = t0 + (self.args.first_ms + k * self.args.gap_ms) / 1000.0 - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if k == 2 and self.args.fault == "malformed":
+                await resp.write(b"data: {this is not json\n\n")
+                return resp
+            if k == 2 and self.args.fault == "stall":
+                await asyncio.sleep(3600)
+            chunk = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": "a"}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.generated += 1
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+        await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def models(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": "fixed-delay", "object": "model", "max_model_len": 65536}],
+            }
+        )
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        text = body.get("prompt", "")
+        specials = 1 if body.get("add_special_tokens", True) else 0
+        n = _count_text_tokens(text) + specials
+        return web.json_response(
+            {"count": n, "max_model_len": 65536, "tokens": list(range(2, n + 2))}
+        )
+
+    async def version(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": "fixed-delay-double"})
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        text = (
+            "# TYPE vllm:request_success_total counter\n"
+            f'vllm:request_success_total{{model_name="fixed-delay"}} {self.requests}\n'
+            "# TYPE vllm:cache_config_info gauge\n"
+            'vllm:cache_config_info{block_size="16",enable_prefix_caching="True"} 1.0\n'
+        )
+        return web.Response(text=text, content_type="text/plain")
+
+    async def reset(self, _: web.Request) -> web.Response:
+        return web.json_response({"success": True})
+
+
+def build_app(args: argparse.Namespace) -> web.Application:
+    srv = FixedDelay(args)
+    app = web.Application()
+    app.router.add_post("/v1/completions", srv.completions)
+    app.router.add_post("/v1/chat/completions", srv.completions)
+    app.router.add_get("/v1/models", srv.models)
+    app.router.add_post("/tokenize", srv.tokenize)
+    app.router.add_get("/version", srv.version)
+    app.router.add_get("/health", srv.health)
+    app.router.add_get("/metrics", srv.metrics)
+    app.router.add_post("/reset_prefix_cache", srv.reset)
+    return app
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--first-ms", type=float, default=50.0)
+    p.add_argument("--gap-ms", type=float, default=10.0)
+    p.add_argument("--fault", choices=["none", "http500", "malformed", "stall"], default="none")
+    p.add_argument("--text-only", action="store_true")
+    p.add_argument("--vocab-size", type=int, default=32000)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ns = parse_args(sys.argv[1:])
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        uvloop.install()
+    except ImportError:
+        pass
+    web.run_app(build_app(ns), host=ns.host, port=ns.port, print=None, access_log=None)
