@@ -1,0 +1,296 @@
+"""Hosts and their variables, read through `ansible-inventory --list`.
+
+Why a subprocess and not a YAML reader: group_vars, host_vars, inventory plugins, `--limit`
+patterns and vault all behave exactly as in Ansible only if Ansible resolves them. kvops then
+reads the few connection variables it needs (`ansible_host`, `ansible_port`, `ansible_user`,
+`ansible_ssh_private_key_file`, `ansible_ssh_common_args`, `ansible_become*`,
+`ansible_python_interpreter`) and its own `kvops_*` probe settings (see README).
+
+Variables are not Jinja-templated by `ansible-inventory --list`; a value that still contains
+`{{` is reported as a warning rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class InventoryError(Exception):
+    """The inventory could not be read or matched no host: `kvops validate` exits 2."""
+
+
+@dataclass(frozen=True)
+class Jump:
+    """One SSH jump host (from `-J`/`-o ProxyJump=` in the inventory's ssh args)."""
+
+    host: str
+    port: int = 22
+    user: str | None = None
+
+
+@dataclass
+class InventoryHost:
+    """One host as kvops connects to it, plus every variable Ansible resolved for it."""
+
+    name: str
+    groups: list[str] = field(default_factory=list)
+    vars: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return str(self.vars.get("ansible_host") or self.vars.get("ansible_ssh_host") or self.name)
+
+    @property
+    def port(self) -> int:
+        raw = self.vars.get("ansible_port", self.vars.get("ansible_ssh_port", 22))
+        try:
+            return int(raw)
+        except (TypeError, ValueError):
+            return 22
+
+    @property
+    def user(self) -> str | None:
+        user = self.vars.get("ansible_user") or self.vars.get("ansible_ssh_user")
+        return str(user) if user else None
+
+    @property
+    def key_file(self) -> str | None:
+        key = self.vars.get("ansible_ssh_private_key_file") or self.vars.get(
+            "ansible_private_key_file"
+        )
+        return os.path.expanduser(str(key)) if key else None
+
+    @property
+    def password(self) -> str | None:
+        """SSH password if the inventory (usually a vault) gives one; never logged."""
+        pw = self.vars.get("ansible_password") or self.vars.get("ansible_ssh_pass")
+        return str(pw) if pw else None
+
+    @property
+    def connection(self) -> str:
+        return str(self.vars.get("ansible_connection") or "ssh")
+
+    @property
+    def become(self) -> bool:
+        return as_bool(self.vars.get("ansible_become", False))
+
+    @property
+    def become_user(self) -> str:
+        return str(self.vars.get("ansible_become_user") or "root")
+
+    @property
+    def become_method(self) -> str:
+        return str(self.vars.get("ansible_become_method") or "sudo")
+
+    @property
+    def become_password(self) -> str | None:
+        pw = self.vars.get("ansible_become_password") or self.vars.get("ansible_become_pass")
+        return str(pw) if pw else None
+
+    @property
+    def python(self) -> str:
+        """Target interpreter; Ansible's `auto*` discovery values mean "python3 on PATH"."""
+        interp = str(self.vars.get("ansible_python_interpreter") or "python3")
+        return "python3" if interp.startswith("auto") else interp
+
+    @property
+    def ssh_args(self) -> list[str]:
+        args: list[str] = []
+        for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+            value = self.vars.get(key)
+            if value:
+                args.extend(shlex.split(str(value)))
+        return args
+
+    @property
+    def jumps(self) -> list[Jump]:
+        return parse_proxy_jump(self.ssh_args)
+
+    @property
+    def proxy_command(self) -> str | None:
+        return ssh_option(self.ssh_args, "proxycommand")
+
+
+def as_bool(value: Any) -> bool:
+    """Ansible's truthiness for inventory strings ("yes", "True", "1", "on")."""
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in {"1", "yes", "true", "on", "y"}
+
+
+def ssh_option(args: list[str], name: str) -> str | None:
+    """Value of `-o Name=value` / `-o Name value` / `-oName=value` in ssh args (last wins)."""
+    found: str | None = None
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        opt: str | None = None
+        if arg == "-o" and i + 1 < len(args):
+            opt = args[i + 1]
+            i += 1
+        elif arg.startswith("-o") and len(arg) > 2:
+            opt = arg[2:]
+        if opt is not None:
+            key, _, value = opt.replace("=", " ", 1).partition(" ")
+            if key.strip().lower() == name:
+                found = value.strip()
+        i += 1
+    return found
+
+
+def parse_proxy_jump(args: list[str]) -> list[Jump]:
+    """Jump hosts from `-J a,b` or `-o ProxyJump=[user@]host[:port],...` (in hop order)."""
+    spec: str | None = None
+    for i, arg in enumerate(args):
+        if arg == "-J" and i + 1 < len(args):
+            spec = args[i + 1]
+        elif arg.startswith("-J") and len(arg) > 2:
+            spec = arg[2:]
+    spec = ssh_option(args, "proxyjump") or spec
+    if not spec or spec.lower() == "none":
+        return []
+    jumps = []
+    for hop in spec.split(","):
+        hop = hop.strip()
+        if hop.startswith("ssh://"):
+            hop = hop[len("ssh://") :]
+        user, _, hostport = hop.rpartition("@")
+        host, port = hostport, 22
+        if hostport.startswith("["):
+            host, _, rest = hostport[1:].partition("]")
+            port = int(rest[1:]) if rest.startswith(":") else 22
+        elif hostport.count(":") == 1:
+            host, _, p = hostport.partition(":")
+            port = int(p)
+        jumps.append(Jump(host=host, port=port, user=user or None))
+    return jumps
+
+
+def _collect_hosts(data: dict[str, Any]) -> dict[str, list[str]]:
+    """host -> groups it belongs to, by walking the group tree from `all`."""
+    membership: dict[str, list[str]] = {}
+    seen: set[str] = set()
+
+    def walk(group: str, ancestors: list[str]) -> None:
+        if group in ancestors:  # defensive: a cycle would be an Ansible bug
+            return
+        node = data.get(group) or {}
+        chain = [*ancestors, group]
+        for host in node.get("hosts", []) or []:
+            groups = membership.setdefault(host, [])
+            for g in chain:
+                if g not in groups:
+                    groups.append(g)
+        seen.add(group)
+        for child in node.get("children", []) or []:
+            walk(child, chain)
+
+    walk("all", [])
+    return membership
+
+
+def ansible_inventory_exe() -> str:
+    """`ansible-inventory` next to the running Python (the venv), else on PATH."""
+    local = Path(sys.executable).parent / "ansible-inventory"
+    if local.exists():
+        return str(local)
+    found = shutil.which("ansible-inventory")
+    if not found:
+        raise InventoryError("ansible-inventory not found (install ansible into this environment)")
+    return found
+
+
+def load_inventory(
+    sources: list[str],
+    limit: str | None = None,
+    vault_password_files: list[str] | None = None,
+    vault_ids: list[str] | None = None,
+    extra_vars: list[str] | None = None,
+    timeout_s: float = 120.0,
+) -> list[InventoryHost]:
+    """Hosts matching `limit` with their resolved variables, in inventory order.
+
+    Raises InventoryError with Ansible's own message when the inventory cannot be parsed
+    (missing path, YAML error, vault without a password) or nothing matches."""
+    if not sources:
+        raise InventoryError("no inventory given (-i INVENTORY)")
+    for src in sources:
+        if "," not in src and not Path(src).exists():
+            raise InventoryError(f"inventory {src!r} does not exist")
+    cmd = [ansible_inventory_exe(), "--list"]
+    for src in sources:
+        cmd += ["-i", src]
+    if limit:
+        cmd += ["--limit", limit]
+    for vpf in vault_password_files or []:
+        cmd += ["--vault-password-file", vpf]
+    for vid in vault_ids or []:
+        cmd += ["--vault-id", vid]
+    for ev in extra_vars or []:
+        cmd += ["-e", ev]
+    env = dict(os.environ)
+    # Unparsable sources must be an error, not a warning followed by an empty inventory.
+    env.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "true")
+    env.setdefault("ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED", "true")
+    env.setdefault("ANSIBLE_NOCOLOR", "1")
+    try:
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise InventoryError(f"ansible-inventory did not answer within {timeout_s:.0f} s") from exc
+    if proc.returncode != 0:
+        msg = _ansible_error(proc.stderr) or f"exit {proc.returncode}"
+        raise InventoryError(f"ansible-inventory failed: {msg}")
+    try:
+        data = json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        raise InventoryError(f"ansible-inventory printed no JSON: {exc}") from exc
+    return hosts_from_list(data, limit=limit)
+
+
+def _ansible_error(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith(("ERROR", "[ERROR]"))]
+    # The first plugin's complaint and its Origin line carry the real cause (file:line:col).
+    causes = [ln for ln in lines if "Failed to parse" in ln and ln.startswith("[WARNING]")][:1]
+    origins = [ln for ln in lines if ln.startswith("Origin:")][:1]
+    return " ".join(errors + causes + origins or lines[-3:])[:800]
+
+
+def hosts_from_list(data: dict[str, Any], limit: str | None = None) -> list[InventoryHost]:
+    """Build hosts from `ansible-inventory --list` JSON (already limited by Ansible)."""
+    hostvars: dict[str, Any] = (data.get("_meta") or {}).get("hostvars") or {}
+    membership = _collect_hosts(data)
+    names = list(membership) + [h for h in hostvars if h not in membership]
+    if not names:
+        what = f"the pattern {limit!r}" if limit else "the inventory"
+        raise InventoryError(f"no hosts matched by {what}")
+    hosts = []
+    for name in names:
+        hvars = dict(hostvars.get(name) or {})
+        groups = [g for g in membership.get(name, []) if g != "all"]
+        host = InventoryHost(name=name, groups=groups, vars=hvars)
+        for key, value in hvars.items():
+            if (
+                isinstance(value, str)
+                and "{{" in value
+                and (key.startswith(("ansible_", "kvops_")))
+            ):
+                host.warnings.append(f"{key} is an unrendered Jinja template; kvops uses it as is")
+        hosts.append(host)
+    return hosts

@@ -1,0 +1,239 @@
+"""Recording primitives of the probe: commands, files, HTTP, all bounded in size and time.
+
+Why a context object: the probe has one time budget for the whole host (so a hanging tool cannot
+hold the fleet run), one place that maps system paths to their root (the narrow seam that lets
+tests and the lab point the probe at a recorded /proc, /sys, /etc tree), and one list of extra
+tool directories. Values are never invented here: what is read is what is recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Dict, List, Optional
+
+KIND_COMMAND = "command"
+KIND_FILE = "file"
+KIND_DIR = "dir"
+KIND_HTTP = "http"
+KIND_SYSFS = "sysfs"
+
+STDOUT_LIMIT = 512 * 1024
+STDERR_LIMIT = 32 * 1024
+FILE_LIMIT = 1024 * 1024
+SYSTEM_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def _bounded(data: bytes, limit: int) -> "tuple[str, bool]":
+    truncated = len(data) > limit
+    return data[:limit].decode("utf-8", "replace"), truncated
+
+
+class Probe:
+    """Time budget, path roots and tool lookup shared by every collector."""
+
+    def __init__(self, config: Dict[str, Any]) -> None:
+        self.started = time.monotonic()
+        self.deadline_s = float(config.get("deadline_s") or 60.0)
+        self.command_timeout_s = float(config.get("command_timeout_s") or 20.0)
+        self.http_timeout_s = float(config.get("http_timeout_s") or 5.0)
+        self.bench_timeout_s = float(config.get("bench_timeout_s") or 300.0)
+        roots = config.get("roots") or {}
+        self.roots = {k: str(roots[k]).rstrip("/") for k in ("proc", "sys", "etc") if roots.get(k)}
+        self.tool_dirs = [str(d) for d in (config.get("tool_dirs") or [])]
+        self.items: Dict[str, Dict[str, Any]] = {}
+
+    # -- time -----------------------------------------------------------------------------
+    def remaining(self) -> float:
+        return self.deadline_s - (time.monotonic() - self.started)
+
+    def out_of_time(self, item_id: str, kind: str, source: Any) -> bool:
+        """Record the item as skipped when the host's budget is spent; True if it was."""
+        if self.remaining() > 0.5:
+            return False
+        self.items[item_id] = {
+            "kind": kind,
+            "source": source,
+            "error": "skipped: probe deadline of %.0f s reached" % self.deadline_s,
+            "duration_s": 0.0,
+        }
+        return True
+
+    # -- paths ----------------------------------------------------------------------------
+    def path(self, system_path: str) -> str:
+        """Where a /proc, /sys or /etc path is read from (identity unless a root is set)."""
+        for top, root in self.roots.items():
+            prefix = "/" + top
+            if system_path == prefix or system_path.startswith(prefix + "/"):
+                return root + system_path[len(prefix) :]
+        return system_path
+
+    def search_path(self) -> List[str]:
+        env_path = os.environ.get("PATH", "").split(os.pathsep)
+        dirs = self.tool_dirs + [d for d in env_path if d] + list(SYSTEM_DIRS)
+        seen: List[str] = []
+        for d in dirs:
+            if d not in seen:
+                seen.append(d)
+        return seen
+
+    def which(self, name: str, extra_globs: Optional[List[str]] = None) -> Optional[str]:
+        """First executable `name` in tool_dirs, then `extra_globs` (newest first), then PATH."""
+        candidates = [os.path.join(d, name) for d in self.tool_dirs]
+        for pattern in extra_globs or []:
+            candidates += sorted(glob.glob(os.path.join(pattern, name)), reverse=True)
+        candidates += [os.path.join(d, name) for d in self.search_path()[len(self.tool_dirs) :]]
+        for cand in candidates:
+            if os.path.isfile(cand) and os.access(cand, os.X_OK):
+                return cand
+        return None
+
+    # -- recorders ------------------------------------------------------------------------
+    def command(
+        self,
+        item_id: str,
+        argv: List[str],
+        timeout_s: Optional[float] = None,
+        resolve: bool = True,
+        record: bool = True,
+        extra_env: Optional[Dict[str, str]] = None,
+    ) -> Dict[str, Any]:
+        """Run argv (no shell) and record it; exit 127 with the search path when not found."""
+        if record and self.out_of_time(item_id, KIND_COMMAND, argv):
+            return self.items[item_id]
+        item: Dict[str, Any] = {"kind": KIND_COMMAND, "source": list(argv)}
+        exe = self.which(argv[0]) if resolve and "/" not in argv[0] else argv[0]
+        start = time.monotonic()
+        if exe is None or not os.path.exists(exe):
+            item.update(
+                exit_code=127,
+                stdout="",
+                stderr="%s: not found in %s" % (argv[0], ":".join(self.search_path())),
+                duration_s=0.0,
+            )
+        else:
+            item["source"] = [exe, *list(argv[1:])]
+            limit = min(timeout_s or self.command_timeout_s, max(self.remaining(), 0.5))
+            item.update(self._run(item["source"], limit, extra_env))
+        item["duration_s"] = round(time.monotonic() - start, 4)
+        if record:
+            self.items[item_id] = item
+        return item
+
+    def _run(
+        self, argv: List[str], timeout_s: float, extra_env: Optional[Dict[str, str]] = None
+    ) -> Dict[str, Any]:
+        env = dict(os.environ)
+        env.update(extra_env or {})
+        env["PATH"] = os.pathsep.join(self.search_path())
+        env["LC_ALL"] = "C"
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # so a timeout kills the tool's children too
+            )
+        except OSError as exc:
+            code = 127 if exc.errno == errno.ENOENT else 126
+            return {"exit_code": code, "stdout": "", "stderr": str(exc)}
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            stdout, t1 = _bounded(out, STDOUT_LIMIT)
+            stderr, t2 = _bounded(err, STDERR_LIMIT)
+            return {
+                "exit_code": None,
+                "stdout": stdout,
+                "stderr": stderr,
+                "truncated": t1 or t2,
+                "error": "timed out after %.1f s (killed)" % timeout_s,
+            }
+        stdout, t1 = _bounded(out, STDOUT_LIMIT)
+        stderr, t2 = _bounded(err, STDERR_LIMIT)
+        result: Dict[str, Any] = {"exit_code": proc.returncode, "stdout": stdout, "stderr": stderr}
+        if t1 or t2:
+            result["truncated"] = True
+        return result
+
+    def file(self, item_id: str, system_path: str, record: bool = True) -> Dict[str, Any]:
+        """Read a text file (mapped through the roots); a missing file is an ENOENT error."""
+        real = self.path(system_path)
+        if record and self.out_of_time(item_id, KIND_FILE, real):
+            return self.items[item_id]
+        start = time.monotonic()
+        item: Dict[str, Any] = {"kind": KIND_FILE, "source": real}
+        try:
+            with open(real, "rb") as fh:
+                data = fh.read(FILE_LIMIT + 1)
+            text, truncated = _bounded(data, FILE_LIMIT)
+            item["stdout"] = text
+            if truncated:
+                item["truncated"] = True
+            item["error"] = None
+        except OSError as exc:
+            name = errno.errorcode.get(exc.errno or 0, "OSError")
+            item["error"] = "%s %s: %s" % (name, real, exc.strerror or exc)
+        item["duration_s"] = round(time.monotonic() - start, 4)
+        if record:
+            self.items[item_id] = item
+        return item
+
+    def structured(
+        self, item_id: str, kind: str, source: str, data: Any, error: Optional[str], start: float
+    ) -> Dict[str, Any]:
+        """Record a sysfs/dir item whose `data` a collector built from what it read."""
+        item: Dict[str, Any] = {"kind": kind, "source": source, "error": error}
+        if data is not None:
+            item["data"] = data
+        item["duration_s"] = round(time.monotonic() - start, 4)
+        self.items[item_id] = item
+        return item
+
+    def http(self, item_id: str, url: str, limit: int = STDOUT_LIMIT) -> Dict[str, Any]:
+        """GET url directly (no proxy); TLS certificates are verified by urllib's defaults."""
+        if self.out_of_time(item_id, KIND_HTTP, url):
+            return self.items[item_id]
+        start = time.monotonic()
+        item: Dict[str, Any] = {"kind": KIND_HTTP, "source": url, "http_status": None}
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        timeout = min(self.http_timeout_s, max(self.remaining(), 0.5))
+        try:
+            with opener.open(url, timeout=timeout) as resp:
+                body = resp.read(limit + 1)
+                item["http_status"] = resp.status
+        except urllib.error.HTTPError as exc:
+            item["http_status"] = exc.code
+            body = exc.read(limit + 1) if exc.fp is not None else b""
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            item["error"] = "no response: %s" % (reason,)
+            body = b""
+        text, truncated = _bounded(body, limit)
+        item["stdout"] = text
+        if truncated:
+            item["truncated"] = True
+        item["duration_s"] = round(time.monotonic() - start, 4)
+        self.items[item_id] = item
+        return item
+
+
+def read_text(path: str, limit: int = 4096) -> Optional[str]:
+    """Small sysfs/proc value, stripped; None when unreadable (the caller records why)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit).decode("utf-8", "replace").strip()
+    except OSError:
+        return None

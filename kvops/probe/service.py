@@ -1,0 +1,289 @@
+"""vLLM service evidence: unit, running process, its environment, LMCache config and version,
+and the HTTP endpoints.
+
+The running process is the truth (its argv and environ are what vLLM and libcufile actually
+see); the unit's Environment=/EnvironmentFile= are the fallback when /proc/<pid> is unreadable.
+Without systemd (the lab runs sshd as PID 1) the process is found by the socket listening on the
+vLLM URL's port. Secret-looking values (tokens, passwords, API keys) are replaced by
+"<redacted>" before anything leaves the host: evidence bundles get saved and attached to tickets.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shlex
+import time
+from typing import Any, Dict, List, Optional, Tuple
+from urllib.parse import urlparse
+
+from .core import KIND_FILE, KIND_SYSFS, Probe, read_text
+
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
+SECRET_ASSIGN = re.compile(
+    r"(\b[A-Za-z_]*(?:TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_KEY|PRIVATE_KEY)[A-Za-z_]*=)"
+    r"(\"[^\"]*\"|'[^']*'|\S+)",
+    re.I,
+)
+SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
+REDACTED = "<redacted>"
+
+
+def redact_env(env: Dict[str, str]) -> Dict[str, str]:
+    return {k: (REDACTED if SECRET_NAME.search(k) else v) for k, v in env.items()}
+
+
+def redact_text(text: str) -> str:
+    return SECRET_ASSIGN.sub(lambda m: m.group(1) + REDACTED, text)
+
+
+def redact_argv(argv: List[str]) -> List[str]:
+    out: List[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+        elif arg in SECRET_FLAGS:
+            out.append(arg)
+            hide_next = True
+        elif any(arg.startswith(f + "=") for f in SECRET_FLAGS):
+            out.append(arg.split("=", 1)[0] + "=" + REDACTED)
+        else:
+            out.append(arg)
+    return out
+
+
+def parse_show(text: str) -> Dict[str, List[str]]:
+    """`systemctl show` KEY=VALUE lines; a key may repeat (EnvironmentFiles)."""
+    props: Dict[str, List[str]] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            props.setdefault(key, []).append(value)
+    return props
+
+
+def parse_env_assignments(text: str) -> Dict[str, str]:
+    """KEY=VALUE pairs of an EnvironmentFile or a unit's Environment= value (shell-like quoting)."""
+    env: Dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            words = line.split()
+        for word in words:
+            key, sep, value = word.partition("=")
+            if sep and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                env[key] = value
+    return env
+
+
+def _exec_start_argv(values: List[str]) -> List[str]:
+    for value in values:
+        m = re.search(r"argv\[\]=(.*?) ;", value)
+        if m:
+            try:
+                return shlex.split(m.group(1))
+            except ValueError:
+                return m.group(1).split()
+    return []
+
+
+def _listener_pid(p: Probe, port: int) -> Optional[int]:
+    """PID owning a TCP socket listening on `port` (from /proc/net/tcp{,6} and /proc/*/fd)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(p.path(table)) as fh:
+                next(fh, None)
+                for line in fh:
+                    cols = line.split()
+                    if (
+                        len(cols) > 9
+                        and cols[3] == "0A"
+                        and int(cols[1].rsplit(":", 1)[1], 16) == port
+                    ):
+                        inodes.add("socket:[%s]" % cols[9])
+        except (OSError, ValueError, IndexError):
+            continue
+    if not inodes:
+        return None
+    proc = p.path("/proc")
+    for pid in sorted((d for d in os.listdir(proc) if d.isdigit()), key=int):
+        fd_dir = os.path.join(proc, pid, "fd")
+        try:
+            for fd in os.listdir(fd_dir):
+                if os.readlink(os.path.join(fd_dir, fd)) in inodes:
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def _process_data(p: Probe, pid: int) -> Tuple[Dict[str, Any], Optional[Dict[str, str]]]:
+    base = p.path("/proc/%d" % pid)
+    with open(os.path.join(base, "cmdline"), "rb") as fh:
+        argv = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
+    uid = None
+    for line in (read_text(os.path.join(base, "status"), 65536) or "").splitlines():
+        if line.startswith("Uid:"):
+            uid = int(line.split()[1])
+    try:
+        user = pwd.getpwuid(uid).pw_name if uid is not None else None
+    except KeyError:
+        user = str(uid)
+    env: Optional[Dict[str, str]] = None
+    try:
+        with open(os.path.join(base, "environ"), "rb") as fh:
+            raw = fh.read(1024 * 1024).split(b"\0")
+        env = {}
+        for entry in raw:
+            key, sep, value = entry.decode("utf-8", "replace").partition("=")
+            if sep:
+                env[key] = value
+    except OSError:
+        env = None  # another user's environ needs root (become): fall back to the unit
+    return {"pid": pid, "user": user, "argv": redact_argv(argv)}, env
+
+
+def service_python(argv: List[str]) -> str:
+    """The interpreter the service runs under (argv[0] or its shebang), else python3."""
+    if not argv:
+        return "python3"
+    exe = argv[0]
+    if os.path.basename(exe).startswith("python"):
+        return exe
+    try:
+        with open(exe, "rb") as fh:
+            first = fh.readline(512).decode("utf-8", "replace").strip()
+    except OSError:
+        return "python3"
+    if first.startswith("#!"):
+        words = first[2:].split()
+        if words and os.path.basename(words[0]) == "env" and len(words) > 1:
+            return words[1]
+        if words:
+            return words[0]
+    return "python3"
+
+
+def collect_service(p: Probe, settings: Dict[str, Any]) -> Dict[str, Any]:
+    """Record the service items; return what storage collection needs (env, service user)."""
+    unit = settings.get("vllm_service") or "vllm.service"
+    item = p.command("vllm_unit", ["systemctl", "cat", "--no-pager", unit])
+    if item.get("stdout"):
+        item["stdout"] = redact_text(item["stdout"])
+    show_item = p.command(
+        "vllm_unit_show",
+        [
+            "systemctl",
+            "show",
+            "--no-pager",
+            unit,
+            "-p",
+            "LoadState,ActiveState,MainPID,User",
+            "-p",
+            "Environment,EnvironmentFiles,ExecStart",
+        ],
+    )
+    show = parse_show(show_item.get("stdout") or "") if show_item.get("exit_code") == 0 else {}
+    if show_item.get("stdout"):
+        show_item["stdout"] = redact_text(show_item["stdout"])
+
+    start = time.monotonic()
+    pid, found_by = 0, None
+    try:
+        pid = int((show.get("MainPID") or ["0"])[-1])
+        found_by = "systemd MainPID" if pid else None
+    except ValueError:
+        pid = 0
+    port = _url_port(settings.get("vllm_url") or "")
+    if not pid and port:
+        pid = _listener_pid(p, port) or 0
+        found_by = "listening socket :%d" % port if pid else None
+    proc_data: Optional[Dict[str, Any]] = None
+    proc_env: Optional[Dict[str, str]] = None
+    error = None
+    source = p.path("/proc/%d" % pid) if pid else p.path("/proc")
+    if pid:
+        try:
+            proc_data, proc_env = _process_data(p, pid)
+            proc_data["found_by"] = found_by
+        except OSError as exc:
+            error = "cannot read %s: %s" % (source, exc)
+    else:
+        error = "vLLM service not running: %s has no MainPID and nothing listens on port %s" % (
+            unit,
+            port,
+        )
+    p.structured("vllm_process", KIND_SYSFS, source, proc_data, error, start)
+
+    start = time.monotonic()
+    if proc_env is not None:
+        env, origin, env_source = proc_env, "process", os.path.join(source, "environ")
+    else:
+        env, origin = {}, "unit"
+        env_source = "systemctl show %s -p Environment,EnvironmentFiles" % unit
+        for path in show.get("EnvironmentFiles", []):
+            path = path.split(" (", 1)[0].lstrip("-")
+            text = read_text(p.path(path), 1024 * 1024)
+            if text is not None:
+                env.update(parse_env_assignments(text))
+        for value in show.get("Environment", []):
+            env.update(parse_env_assignments(value))
+    env_error = None if (proc_env is not None or show) else "no process environ and no unit"
+    p.structured(
+        "vllm_env",
+        KIND_SYSFS,
+        env_source,
+        {"env": redact_env(env), "from": origin},
+        env_error,
+        start,
+    )
+
+    lmcache_path = settings.get("lmcache_config_path") or env.get("LMCACHE_CONFIG_FILE")
+    if lmcache_path:
+        lm = p.file("lmcache_config", lmcache_path)
+        if lm.get("stdout"):
+            lm["stdout"] = redact_text(lm["stdout"])
+    else:
+        p.items["lmcache_config"] = {
+            "kind": KIND_FILE,
+            "source": "",
+            "error": "no LMCache config path: settings.lmcache_config_path unset and "
+            "LMCACHE_CONFIG_FILE not in the service environment",
+            "duration_s": 0.0,
+        }
+    argv = (proc_data or {}).get("argv") or _exec_start_argv(show.get("ExecStart", []))
+    python = service_python(argv)
+    p.command(
+        "lmcache_version",
+        [python, "-c", 'import importlib.metadata as m; print(m.version("lmcache"))'],
+    )
+    user = settings.get("service_user") or (proc_data or {}).get("user")
+    if not user and show:
+        user = (show.get("User") or [""])[-1] or "root"
+    return {"env": env, "service_user": user}
+
+
+def _url_port(url: str) -> Optional[int]:
+    if not url:
+        return None
+    try:
+        parsed = urlparse(url)
+        return parsed.port or (443 if parsed.scheme == "https" else 80)
+    except ValueError:
+        return None
+
+
+def collect_http(p: Probe, settings: Dict[str, Any]) -> None:
+    base = (settings.get("vllm_url") or "http://127.0.0.1:8000").rstrip("/")
+    p.http("http_health", base + "/health")
+    p.http("http_version", base + "/version")
+    p.http("http_models", base + "/v1/models")
+    p.http("http_metrics", base + "/metrics", limit=4 * 1024 * 1024)

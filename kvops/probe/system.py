@@ -1,0 +1,133 @@
+"""Platform evidence: OS, kernel, GPU driver, modules, nvidia-fs, RDMA, addresses, mounts, IOMMU.
+
+Each function records raw text (or a structured summary of sysfs trees) under the item ids of
+`kvops.evidence`; judging what it means is the checks' job, on the client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from typing import Any, Dict, List
+
+from .core import KIND_SYSFS, Probe, read_text
+
+NVIDIA_SMI_QUERY = "--query-gpu=index,name,driver_version,persistence_mode,pci.bus_id,memory.total"
+
+
+def collect_platform(p: Probe) -> None:
+    p.file("os_release", "/etc/os-release")
+    p.command("uname", ["uname", "-srm"])
+    p.command("nvidia_smi", ["nvidia-smi", NVIDIA_SMI_QUERY, "--format=csv"])
+    p.file("nvidia_driver_version", "/proc/driver/nvidia/version")
+    p.file("modules", "/proc/modules")
+    p.file("nvfs_version", "/proc/driver/nvidia-fs/version")
+    p.file("nvfs_stats", "/proc/driver/nvidia-fs/stats")
+    nvfs_params(p)
+    infiniband(p)
+    ip_addr(p)
+    p.file("mounts", "/proc/mounts")
+    p.file("cmdline", "/proc/cmdline")
+    iommu(p)
+
+
+def nvfs_params(p: Probe) -> None:
+    start = time.monotonic()
+    root = p.path("/sys/module/nvidia_fs/parameters")
+    try:
+        names = sorted(os.listdir(root))
+    except OSError as exc:
+        p.structured("nvfs_params", KIND_SYSFS, root, None, "ENOENT %s: %s" % (root, exc), start)
+        return
+    data: Dict[str, Any] = {}
+    for name in names:
+        data[name] = read_text(os.path.join(root, name))
+    p.structured("nvfs_params", KIND_SYSFS, root, data, None, start)
+
+
+def _netdevs(dev_dir: str, port_dir: str) -> List[str]:
+    """Net devices of an RDMA port: device/net/* and, for RoCE, the GID table's ndevs."""
+    found: List[str] = []
+    with contextlib.suppress(OSError):
+        found += sorted(os.listdir(os.path.join(dev_dir, "device", "net")))
+    ndevs = os.path.join(port_dir, "gid_attrs", "ndevs")
+    try:
+        for entry in sorted(os.listdir(ndevs), key=lambda s: int(s) if s.isdigit() else 0)[:8]:
+            name = read_text(os.path.join(ndevs, entry))
+            if name and name not in found:
+                found.append(name)
+    except OSError:
+        pass
+    return found
+
+
+def infiniband(p: Probe) -> None:
+    start = time.monotonic()
+    root = p.path("/sys/class/infiniband")
+    if p.out_of_time("infiniband", KIND_SYSFS, root):
+        return
+    devices: List[Dict[str, Any]] = []
+    error = None
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        names = []  # no RDMA stack loaded: an empty list is the evidence
+    except OSError as exc:
+        names, error = [], "cannot list %s: %s" % (root, exc)
+    for name in names:
+        dev_dir = os.path.join(root, name)
+        ports: List[Dict[str, Any]] = []
+        try:
+            port_names = sorted(os.listdir(os.path.join(dev_dir, "ports")), key=_int_or_zero)
+        except OSError:
+            port_names = []
+        for port in port_names:
+            port_dir = os.path.join(dev_dir, "ports", port)
+            ports.append(
+                {
+                    "port": _int_or_zero(port),
+                    "state": read_text(os.path.join(port_dir, "state")),
+                    "phys_state": read_text(os.path.join(port_dir, "phys_state")),
+                    "rate": read_text(os.path.join(port_dir, "rate")),
+                    "link_layer": read_text(os.path.join(port_dir, "link_layer")),
+                    "netdevs": _netdevs(dev_dir, port_dir),
+                }
+            )
+        devices.append({"name": name, "ports": ports})
+    p.structured("infiniband", KIND_SYSFS, root, {"devices": devices}, error, start)
+
+
+def _int_or_zero(text: str) -> int:
+    return int(text) if text.isdigit() else 0
+
+
+def ip_addr(p: Probe) -> None:
+    """`ip -j addr show`, falling back to `ip -o addr show` on iproute2 without JSON."""
+    item = p.command("ip_addr", ["ip", "-j", "addr", "show"])
+    code = item.get("exit_code")
+    if code == 127 or code is None:
+        return  # no `ip` at all, or it timed out: a retry would only spend more budget
+    if code == 0:
+        try:
+            json.loads(item.get("stdout") or "")
+            return
+        except ValueError:
+            pass
+    p.command("ip_addr", ["ip", "-o", "addr", "show"])
+
+
+def iommu(p: Probe) -> None:
+    start = time.monotonic()
+    root = p.path("/sys/kernel/iommu_groups")
+    if p.out_of_time("iommu", KIND_SYSFS, root):
+        return
+    try:
+        count = len([n for n in os.listdir(root) if n.isdigit()])
+        error = None
+    except FileNotFoundError:
+        count, error = 0, None  # no iommu_groups directory: IOMMU off or not exposed
+    except OSError as exc:
+        count, error = 0, "cannot list %s: %s" % (root, exc)
+    p.structured("iommu", KIND_SYSFS, root, {"group_count": count}, error, start)
