@@ -1,0 +1,24 @@
+"""Workloads: strict specs, the three presets, exact-length request generation, schedules."""
+
+from kvops.workload.generate import Alphabet, PlannedRequest, make_prefixes, plan_iteration
+from kvops.workload.spec import (
+    PRESET_NAMES,
+    SpecError,
+    WorkloadSpec,
+    load_preset,
+    load_spec_file,
+    spec_from_dict,
+)
+
+__all__ = [
+    "PRESET_NAMES",
+    "Alphabet",
+    "PlannedRequest",
+    "SpecError",
+    "WorkloadSpec",
+    "load_preset",
+    "load_spec_file",
+    "make_prefixes",
+    "plan_iteration",
+    "spec_from_dict",
+]

@@ -1,0 +1,114 @@
+"""Requests from a workload spec: exact-length prompts, deterministic for a seed.
+
+Token-id prompts (the default) make lengths exact without trusting a tokenizer round trip; ids
+come from an alphabet known to be valid for the served model (ids seen when tokenizing sample
+text through `/tokenize`, or a range below `--vocab-size`). Servers that refuse token ids get
+text built from words that each tokenize to exactly one token (see `kvops.workload.calibrate`).
+
+Every random draw uses a local generator keyed by (seed, role, ...) so a prefix is identical in
+every arm and trial, suffixes are identical across arms within a trial, and a different trial
+gets fresh suffixes (a repeated whole prompt would be an unfair full-cache hit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvops.loadgen.client import CompletionRequest
+from kvops.workload.spec import WorkloadSpec
+
+_PREFIX, _SUFFIX = 0, 1
+
+
+@dataclass(frozen=True)
+class Alphabet:
+    """What a prompt is made of: token ids (`ids`), or one-token words joined by spaces
+    (`words`, with `special_tokens` added by the server's tokenizer, e.g. BOS)."""
+
+    ids: tuple[int, ...] = ()
+    words: tuple[str, ...] = ()
+    special_tokens: int = 0
+
+    @property
+    def is_text(self) -> bool:
+        return bool(self.words)
+
+    @classmethod
+    def from_vocab_size(cls, vocab_size: int) -> Alphabet:
+        """Ids in [low, vocab_size): the lowest ids are often control/special tokens."""
+        if vocab_size < 2:
+            raise ValueError("vocabulary size must be at least 2")
+        low = 16 if vocab_size > 64 else 0
+        return cls(ids=tuple(range(low, vocab_size)))
+
+
+@dataclass
+class PlannedRequest:
+    """A request with its place in the workload (iteration, batch within the iteration)."""
+
+    iteration: int
+    batch: int
+    index: int
+    request: CompletionRequest
+
+
+def _draw(alphabet: Alphabet, n: int, key: Sequence[int]) -> list[int]:
+    rng = np.random.default_rng(list(key))
+    size = len(alphabet.ids) if alphabet.ids else len(alphabet.words)
+    return [int(i) for i in rng.integers(0, size, n)]
+
+
+def _render(alphabet: Alphabet, picks: list[int]) -> list[int] | str:
+    if alphabet.is_text:
+        return "".join(" " + alphabet.words[i] for i in picks)
+    return [alphabet.ids[i] for i in picks]
+
+
+def _join(head: list[int] | str, tail: list[int] | str) -> list[int] | str:
+    if isinstance(head, str) and isinstance(tail, str):
+        return head + tail
+    if isinstance(head, list) and isinstance(tail, list):
+        return head + tail
+    raise TypeError("prefix and suffix must both be text or both be token ids")
+
+
+def make_prefixes(spec: WorkloadSpec, alphabet: Alphabet) -> list[list[int] | str]:
+    """The shared prefixes; text prefixes leave room for the tokenizer's special tokens."""
+    n = spec.prefix_tokens - (alphabet.special_tokens if alphabet.is_text else 0)
+    return [
+        _render(alphabet, _draw(alphabet, n, (spec.seed, _PREFIX, p)))
+        for p in range(spec.num_prefixes)
+    ]
+
+
+def plan_iteration(
+    spec: WorkloadSpec,
+    alphabet: Alphabet,
+    prefixes: Sequence[list[int] | str],
+    *,
+    trial: int,
+    iteration: int,
+    id_prefix: str = "",
+) -> list[PlannedRequest]:
+    """The requests of one iteration, in send order, with their batch numbers."""
+    planned: list[PlannedRequest] = []
+    specials = alphabet.special_tokens if alphabet.is_text else 0
+    for j in range(spec.per_iteration):
+        prefix_id = j % spec.num_prefixes if spec.num_prefixes else None
+        n_suffix = spec.suffix_tokens - (specials if prefix_id is None else 0)
+        suffix = _render(
+            alphabet, _draw(alphabet, n_suffix, (spec.seed, _SUFFIX, trial, iteration, j))
+        )
+        prompt = suffix if prefix_id is None else _join(prefixes[prefix_id], suffix)
+        req = CompletionRequest(
+            request_id=f"{id_prefix}t{trial}-i{iteration}-r{j}",
+            prompt=prompt,
+            output_tokens=spec.output_tokens,
+            prefix_id=prefix_id,
+            intended_prompt_tokens=spec.prompt_tokens,
+        )
+        planned.append(PlannedRequest(iteration, j // spec.batch_size, j, req))
+    return planned

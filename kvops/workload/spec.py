@@ -1,0 +1,188 @@
+"""Workload specs: a strict YAML schema (unknown keys are errors) and the built-in presets.
+
+Why strict: a misspelt key (`prefix_token: 28000`) silently falling back to a default would run
+a different experiment than the one the operator believes they ran. Every field is checked for
+type and range here, once, so the generator and runner can trust the spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRESET_NAMES = ("unique-one-shot", "single-shared-prefix", "multi-shared-prefix")
+
+
+class SpecError(ValueError):
+    """A workload spec that cannot be run as written; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """One workload. Lengths are in tokens and exact.
+
+    Each iteration sends `requests_per_iteration` prompts (default: `batch_size`). Request j of
+    an iteration starts with prefix j mod `num_prefixes` (none when 0), followed by a unique
+    random suffix up to `prompt_tokens`. Batch mode (no `rate`): requests go out in groups of
+    `batch_size` released together, each group after the previous one completed. Rate mode:
+    arrivals at `rate` requests/s (gamma gaps, shape `burstiness`; `inf` = all at once), at most
+    `max_concurrency` in flight. Prefixes repeat across iterations; that reuse is what offload
+    may accelerate."""
+
+    name: str = "custom"
+    description: str = ""
+    num_prefixes: int = 0
+    prefix_tokens: int = 0
+    prompt_tokens: int = 1024
+    output_tokens: int = 128
+    batch_size: int = 1
+    requests_per_iteration: int | None = None
+    iterations: int = 1
+    rate: float | None = None
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    seed: int = 0
+
+    @property
+    def per_iteration(self) -> int:
+        return self.requests_per_iteration or self.batch_size
+
+    @property
+    def suffix_tokens(self) -> int:
+        return self.prompt_tokens - (self.prefix_tokens if self.num_prefixes else 0)
+
+    @property
+    def total_requests(self) -> int:
+        return self.per_iteration * self.iterations
+
+    def scaled(self, scale: float) -> WorkloadSpec:
+        """Every length times `scale` (rounded, at least 1 token; output at least 2 so TPOT and
+        ITL exist). Counts (prefixes, batch size, iterations) are unchanged: the shape of the
+        experiment stays, only its size shrinks."""
+        if scale == 1.0:
+            return self
+        if not 0 < scale <= 1.0:
+            raise SpecError(f"--scale must be in (0, 1], got {scale}")
+
+        def s(n: int, floor: int) -> int:
+            return max(floor, round(n * scale)) if n else 0
+
+        prefix = s(self.prefix_tokens, 1)
+        prompt = max(s(self.prompt_tokens, 1), prefix + 1 if self.num_prefixes else 1)
+        return dataclasses.replace(
+            self,
+            prefix_tokens=prefix,
+            prompt_tokens=prompt,
+            output_tokens=s(self.output_tokens, 2),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if d["rate"] is not None and math.isinf(d["rate"]):
+            d["rate"] = "inf"
+        return d
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+_INT_FIELDS = {
+    "num_prefixes": 0,
+    "prefix_tokens": 0,
+    "prompt_tokens": 1,
+    "output_tokens": 1,
+    "batch_size": 1,
+    "iterations": 1,
+    "seed": 0,
+}
+
+
+def spec_from_dict(data: Any, source: str = "spec") -> WorkloadSpec:
+    """Validate a mapping into a WorkloadSpec; every problem is a SpecError naming the key."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(WorkloadSpec)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SpecError(
+            f"{source}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
+        )
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        values[key] = _check_field(key, value, source)
+    spec = WorkloadSpec(**values)
+    _check_spec(spec, source)
+    return spec
+
+
+def _check_field(key: str, value: Any, source: str) -> Any:
+    if key in ("name", "description"):
+        if not isinstance(value, str):
+            raise SpecError(f"{source}: {key} must be a string")
+        return value
+    if key in _INT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, int) or value < _INT_FIELDS[key]:
+            raise SpecError(f"{source}: {key} must be an integer >= {_INT_FIELDS[key]}")
+        return value
+    if key in ("requests_per_iteration", "max_concurrency"):
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"{source}: {key} must be a positive integer or null")
+        return value
+    if key == "rate":
+        if value is None:
+            return None
+        if value == "inf":
+            return math.inf
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise SpecError(f"{source}: rate must be a positive number (requests/s), inf or null")
+        return float(value)
+    if key == "burstiness":
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise SpecError(f"{source}: burstiness must be a positive number")
+        return float(value)
+    raise SpecError(f"{source}: unknown key {key}")  # unreachable: filtered above
+
+
+def _check_spec(spec: WorkloadSpec, source: str) -> None:
+    if spec.num_prefixes and spec.prefix_tokens < 1:
+        raise SpecError(f"{source}: num_prefixes > 0 needs prefix_tokens >= 1")
+    if spec.num_prefixes and spec.prompt_tokens <= spec.prefix_tokens:
+        raise SpecError(
+            f"{source}: prompt_tokens ({spec.prompt_tokens}) must exceed prefix_tokens "
+            f"({spec.prefix_tokens}) so every prompt has a unique suffix"
+        )
+    if not spec.num_prefixes and spec.prefix_tokens:
+        raise SpecError(f"{source}: prefix_tokens is set but num_prefixes is 0")
+    if spec.rate is None and spec.max_concurrency is not None:
+        raise SpecError(f"{source}: max_concurrency applies to rate mode; set rate (or inf)")
+
+
+def load_spec_file(path: Path) -> WorkloadSpec:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read workload file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({exc})") from None
+    spec = spec_from_dict(data, str(path))
+    if "name" not in data:
+        spec = dataclasses.replace(spec, name="custom")
+    return spec
+
+
+def load_preset(name: str) -> WorkloadSpec:
+    """A built-in preset, read from the packaged data file `presets/<name>.yaml`."""
+    if name not in PRESET_NAMES:
+        raise SpecError(f"unknown scenario {name!r}; choose one of {', '.join(PRESET_NAMES)}, all")
+    text = resources.files("kvops.workload").joinpath(f"presets/{name}.yaml").read_text("utf-8")
+    return spec_from_dict(yaml.safe_load(text), f"preset {name}")
