@@ -1,0 +1,234 @@
+"""The registry of check ids: one row per id, so ids stay unique, stable and documented.
+
+An id is never reused for a different meaning; a retired check keeps its row. Severity is
+decided per run by the check; the remedy here is the default one a finding carries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CheckInfo:
+    check_id: str
+    concern: str
+    title: str
+    remedy: str
+
+
+_ROWS = [
+    ("GDS-000", "host", "Host probed", "Fix SSH reachability/auth; rerun kvops validate."),
+    (
+        "GDS-001",
+        "driver",
+        "NVIDIA driver present and >= minimum",
+        "Install or upgrade the NVIDIA driver (role nvidia_driver) to the minimum version.",
+    ),
+    (
+        "GDS-002",
+        "driver",
+        "Open kernel module loaded",
+        "Install the open kernel module flavour (nvidia-open / nvidia-driver-*-open): "
+        "nvidia-fs >= 2.17.5 works only with it.",
+    ),
+    (
+        "GDS-010",
+        "nvidia_fs",
+        "nvidia_fs module loaded",
+        "Install nvidia-fs (nvidia-fs-dkms) and `modprobe nvidia_fs` (role nvidia_fs).",
+    ),
+    (
+        "GDS-011",
+        "nvidia_fs",
+        "nvidia_fs version >= minimum",
+        "Upgrade nvidia-fs to at least the minimum version gdscheck requires.",
+    ),
+    (
+        "GDS-012",
+        "nvidia_fs",
+        "Mellanox PeerDirect enabled",
+        "Install MOFED/DOCA-OFED before nvidia-fs; if it was installed after, reinstall "
+        "nvidia-fs so it builds against it (NVIDIA GDS TSG §12.18).",
+    ),
+    (
+        "GDS-020",
+        "rdma_mount",
+        "GDS directory on an NFS mount",
+        "Mount the ONTAP export on the GDS directory (role nfs_rdma_mount).",
+    ),
+    (
+        "GDS-021",
+        "rdma_mount",
+        "NFS mount uses proto=rdma",
+        "Remount with `proto=rdma,port=20049`; check rpcrdma, the RDMA LIF "
+        "(`-rdma-protocols roce`) and that the SVM has RDMA enabled.",
+    ),
+    (
+        "GDS-022",
+        "rdma_mount",
+        "NFS version supported over RDMA",
+        "Use vers=3 (ONTAP 9.15.1+), 4.0 (9.10.1+) or 4.1 (9.14.1+) for NFS over RDMA.",
+    ),
+    ("GDS-023", "rdma_mount", "NFS mount is hard", "Mount with `hard` (soft mounts lose IO)."),
+    (
+        "GDS-024",
+        "rdma_mount",
+        "NFS rsize/wsize large enough",
+        "Mount with rsize/wsize of at least the configured minimum (e.g. 262144).",
+    ),
+    (
+        "GDS-025",
+        "rdma_mount",
+        "rpcrdma module loaded",
+        "`modprobe rpcrdma` and persist it in /etc/modules-load.d (role rdma_client).",
+    ),
+    (
+        "GDS-026",
+        "rdma_mount",
+        "RDMA device with an active port",
+        "Check cabling/switch and `ibdev2netdev`; bring the RDMA port up.",
+    ),
+    (
+        "GDS-030",
+        "cufile",
+        "cufile.json present and parses",
+        "Fix the syntax at the reported line/column (JSON with // comments; role cufile).",
+    ),
+    (
+        "GDS-031",
+        "cufile",
+        "cufile.json keys known to libcufile",
+        "Rename each unknown key to the suggested one: libcufile ignores keys it does not know.",
+    ),
+    (
+        "GDS-032",
+        "cufile",
+        "cuFile compat mode off",
+        "Set properties.allow_compat_mode false (and force_compat_mode false) so a broken GDS "
+        "path fails loudly instead of falling back to POSIX IO.",
+    ),
+    (
+        "GDS-033",
+        "cufile",
+        "rdma_dev_addr_list names this host's RDMA addresses",
+        "List only addresses configured on this host's RDMA interfaces (or leave it empty).",
+    ),
+    (
+        "GDS-034",
+        "cufile",
+        "max_direct_io_size_kb multiple of 64",
+        "Set properties.max_direct_io_size_kb to a multiple of 64 (default 16384).",
+    ),
+    (
+        "GDS-040",
+        "gds_platform",
+        "gdscheck: NFS through nvidia-fs",
+        "Fix nvidia_fs/rpcrdma/MOFED until `gdscheck -p` shows NFS as Supported or nvfs.",
+    ),
+    (
+        "GDS-041",
+        "gds_platform",
+        "gdscheck: platform verification succeeded",
+        "Read the gdscheck -p output and fix the reported platform problem.",
+    ),
+    (
+        "GDS-042",
+        "gds_platform",
+        "IOMMU off or pass-through",
+        "Boot with intel_iommu=off/amd_iommu=off (or iommu=pt) and disable PCIe ACS.",
+    ),
+    (
+        "GDS-050",
+        "storage_bench",
+        "gdsio GPU-direct throughput vs RDMA link rate",
+        "Check NIC/GPU PCIe placement (nvidia-smi topo -mp), mount options, ONTAP LIF "
+        "locality and jumbo frames/PFC.",
+    ),
+    (
+        "GDS-051",
+        "storage_bench",
+        "nvidia-fs counters rise during gdsio",
+        "IO bypassed nvidia-fs (compat/POSIX mode): fix the GDS path until the counters rise.",
+    ),
+    (
+        "GDS-060",
+        "lmcache",
+        "LMCache gds_path set and on the RDMA mount",
+        "Set gds_path to a directory on the NFS/RDMA mount (role vllm_lmcache).",
+    ),
+    (
+        "GDS-061",
+        "lmcache",
+        "LMCache buffer-size key matches the installed version",
+        "Use cufile_buffer_size for LMCache <= 0.4.3 and gds_buffer_size for >= 0.4.4.",
+    ),
+    (
+        "GDS-062",
+        "lmcache",
+        "Stable chunk hash across restarts",
+        "Set PYTHONHASHSEED=0 in the service env or pre_caching_hash_algorithm: sha256_cbor.",
+    ),
+    (
+        "GDS-063",
+        "lmcache",
+        "PROMETHEUS_MULTIPROC_DIR set",
+        "Set PROMETHEUS_MULTIPROC_DIR in the service env and wipe it before each start.",
+    ),
+    (
+        "GDS-064",
+        "lmcache",
+        "LMCache config keys known",
+        "Fix or remove keys LMCache does not know: it ignores them silently.",
+    ),
+    (
+        "GDS-070",
+        "vllm",
+        "vLLM healthy",
+        "Check `systemctl status` and `journalctl -u` of the vLLM service.",
+    ),
+    (
+        "GDS-071",
+        "vllm",
+        "Expected model served",
+        "Start vLLM with the expected model / --served-model-name.",
+    ),
+    (
+        "GDS-072",
+        "vllm",
+        "--kv-transfer-config names LMCacheConnectorV1 on offload hosts",
+        "Start vLLM with --kv-transfer-config "
+        '\'{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}\' (offload variant).',
+    ),
+    (
+        "GDS-073",
+        "vllm",
+        "/metrics exposes vLLM (and LMCache) metrics",
+        "Set the same PROMETHEUS_MULTIPROC_DIR for vLLM and LMCache.",
+    ),
+    (
+        "GDS-080",
+        "gds_dir",
+        "GDS directory exists and is writable by the service user",
+        "Create the directory and give the service user write access (role vllm_lmcache).",
+    ),
+    (
+        "GDS-081",
+        "gds_dir",
+        "No leftover temp files in the GDS directory",
+        "Stop vLLM and remove the stray *.tmp* files (interrupted LMCache writes).",
+    ),
+    (
+        "GDS-082",
+        "gds_dir",
+        "Free space above threshold",
+        "Free space on the export (LMCache's GDS backend never evicts) or grow the volume.",
+    ),
+]
+
+CATALOG: dict[str, CheckInfo] = {row[0]: CheckInfo(*row) for row in _ROWS}
+
+
+def catalog_rows() -> list[CheckInfo]:
+    """All checks in id order (for docs and `--list-checks`)."""
+    return [CATALOG[key] for key in sorted(CATALOG)]

@@ -1,0 +1,207 @@
+"""Parsed views of one evidence document, computed once and shared by all checks."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from kvops import evidence as ev
+from kvops.checks.model import Finding, Severity, Thresholds, finding
+from kvops.parse.cufile import CufileConfig, parse_cufile
+from kvops.parse.gdscheck import GdsCheckReport, parse_gdscheck
+from kvops.parse.ip_addr import parse_ip_addr
+from kvops.parse.lmcache_config import LmcacheConfig, effective_lmcache_config
+from kvops.parse.mounts import MountTable, parse_mounts
+from kvops.parse.nvfs_stats import NvfsStats, parse_nvfs_stats
+
+_RATE = re.compile(r"([\d.]+)\s*Gb/sec")
+
+
+@dataclass
+class RdmaPort:
+    device: str
+    port: int
+    state: str
+    rate_gbit_s: float | None
+    netdevs: list[str]
+
+    @property
+    def active(self) -> bool:
+        return "ACTIVE" in self.state.upper()
+
+
+class Context:
+    """One host's evidence with lazily parsed items. Checks never parse twice."""
+
+    def __init__(self, evidence: dict[str, Any], thresholds: Thresholds) -> None:
+        self.evidence = evidence
+        self.thresholds = thresholds
+        settings = evidence.get("settings")
+        self.settings: dict[str, Any] = settings if isinstance(settings, dict) else {}
+
+    # --- raw access -------------------------------------------------------------------
+    def item(self, item_id: str) -> ev.Item | None:
+        return ev.get_item(self.evidence, item_id)
+
+    def text(self, item_id: str) -> str | None:
+        return ev.item_text(self.evidence, item_id)
+
+    def problem(self, item_id: str) -> str:
+        item = self.item(item_id)
+        where = ev.source_text(item)
+        reason = ev.item_problem(item) or "no output"
+        return f"{item_id}: {reason}" + (f" ({where})" if where else "")
+
+    def skip(self, check_id: str, *item_ids: str, why: str = "") -> Finding:
+        reasons = "; ".join(self.problem(i) for i in item_ids)
+        return finding(check_id, Severity.SKIP, why or f"input missing: {reasons}")
+
+    def data(self, item_id: str) -> dict[str, Any] | None:
+        item = self.item(item_id)
+        if item is None or item.get("error"):
+            return None
+        value = item.get("data")
+        return value if isinstance(value, dict) else None
+
+    @property
+    def role(self) -> str | None:
+        role = self.settings.get("role")
+        return str(role) if role else None
+
+    # --- parsed views -----------------------------------------------------------------
+    @cached_property
+    def gdscheck(self) -> GdsCheckReport | None:
+        text = self.text(ev.GDSCHECK)
+        return parse_gdscheck(text) if text is not None else None
+
+    @cached_property
+    def mounts(self) -> MountTable | None:
+        text = self.text(ev.MOUNTS)
+        return parse_mounts(text) if text is not None else None
+
+    @cached_property
+    def cufile(self) -> CufileConfig | None:
+        text = self.text(ev.CUFILE_JSON)
+        return parse_cufile(text) if text is not None else None
+
+    @cached_property
+    def nvfs_stats(self) -> NvfsStats | None:
+        text = self.text(ev.NVFS_STATS)
+        return parse_nvfs_stats(text) if text is not None else None
+
+    @cached_property
+    def modules(self) -> set[str] | None:
+        text = self.text(ev.MODULES)
+        if text is None:
+            return None
+        return {line.split()[0] for line in text.splitlines() if line.strip()}
+
+    @cached_property
+    def rdma_ports(self) -> list[RdmaPort] | None:
+        data = self.data(ev.INFINIBAND)
+        if data is None:
+            return None
+        ports: list[RdmaPort] = []
+        for device in data.get("devices") or []:
+            for port in device.get("ports") or []:
+                rate = _RATE.search(str(port.get("rate", "")))
+                ports.append(
+                    RdmaPort(
+                        device=str(device.get("name", "?")),
+                        port=int(port.get("port", 0)),
+                        state=str(port.get("state", "")),
+                        rate_gbit_s=float(rate.group(1)) if rate else None,
+                        netdevs=[
+                            str(n) for n in port.get("netdevs") or device.get("netdevs") or []
+                        ],
+                    )
+                )
+        return ports
+
+    @cached_property
+    def interface_addresses(self) -> dict[str, list[str]] | None:
+        text = self.text(ev.IP_ADDR)
+        return parse_ip_addr(text).addresses if text is not None else None
+
+    @cached_property
+    def rdma_addresses(self) -> set[str] | None:
+        """Addresses on the net devices of RDMA ports: the only valid rdma_dev_addr_list."""
+        if self.rdma_ports is None or self.interface_addresses is None:
+            return None
+        netdevs = {n for p in self.rdma_ports for n in p.netdevs}
+        return {
+            a for name, addrs in self.interface_addresses.items() if name in netdevs for a in addrs
+        }
+
+    @cached_property
+    def service_env(self) -> dict[str, str] | None:
+        data = self.data(ev.VLLM_ENV)
+        env = data.get("env") if data else None
+        return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else None
+
+    @cached_property
+    def vllm_argv(self) -> list[str] | None:
+        """The running process's argv, else the unit's ExecStart split like a shell would."""
+        data = self.data(ev.VLLM_PROCESS)
+        if data and isinstance(data.get("argv"), list):
+            return [str(a) for a in data["argv"]]
+        unit = self.text(ev.VLLM_UNIT)
+        if unit is None:
+            return None
+        joined = re.sub(r"\\\n", " ", unit)
+        starts = [ln for ln in joined.splitlines() if ln.strip().startswith("ExecStart=")]
+        if not starts:
+            return None
+        command = starts[-1].strip()[len("ExecStart=") :].lstrip("-@+!:")
+        try:
+            return shlex.split(command)
+        except ValueError:
+            return command.split()
+
+    @cached_property
+    def kv_transfer_config(self) -> dict[str, Any] | str | None:
+        """Parsed --kv-transfer-config JSON; the raw string if it is not JSON; None if absent."""
+        argv = self.vllm_argv or []
+        raw: str | None = None
+        for i, arg in enumerate(argv):
+            if arg in {"--kv-transfer-config", "--kv_transfer_config"} and i + 1 < len(argv):
+                raw = argv[i + 1]
+            elif arg.startswith(("--kv-transfer-config=", "--kv_transfer_config=")):
+                raw = arg.split("=", 1)[1]
+        if raw is None:
+            return None
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+        return parsed if isinstance(parsed, dict) else raw
+
+    @cached_property
+    def lmcache_version(self) -> str | None:
+        text = self.text(ev.LMCACHE_VERSION)
+        lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+        return lines[-1] if lines else None
+
+    @cached_property
+    def lmcache(self) -> LmcacheConfig | None:
+        """Effective LMCache config (file < env < kv_connector_extra_config), or None when
+        there is neither a config file nor any LMCACHE_* variable to read."""
+        text = self.text(ev.LMCACHE_CONFIG)
+        env = self.service_env or {}
+        kv = self.kv_transfer_config
+        extra = kv.get("kv_connector_extra_config") if isinstance(kv, dict) else None
+        has_env = any(k.startswith("LMCACHE_") for k in env)
+        if text is None and not has_env and not extra:
+            return None
+        return effective_lmcache_config(
+            text, env, extra if isinstance(extra, dict) else None, self.lmcache_version
+        )
+
+    @property
+    def gds_dir(self) -> str | None:
+        value = self.settings.get("gds_dir")
+        return str(value) if value else None

@@ -1,0 +1,64 @@
+"""The GDS directory itself: writable by the service, clean, with room to grow.
+
+LMCache's GDS backend never evicts, so free space only shrinks; and it writes
+`<file>.tmp<hex>` then renames, so leftovers mean interrupted or failed writes.
+"""
+
+from __future__ import annotations
+
+from kvops import evidence as ev
+from kvops.checks.context import Context
+from kvops.checks.model import Finding, Severity, finding
+
+GIB = 2**30
+
+
+def _summary(data: dict[str, object]) -> str:
+    keys = ("owner", "group", "mode", "file_count", "bytes", "free_bytes", "tmp_file_count")
+    return ", ".join(f"{k}={data[k]}" for k in keys if k in data)
+
+
+def check_writable(ctx: Context) -> list[Finding]:
+    data = ctx.data(ev.GDS_DIR)
+    if data is None:
+        if ctx.gds_dir is None:
+            return [finding("GDS-080", Severity.SKIP, "settings.gds_dir not set")]
+        return [ctx.skip("GDS-080", ev.GDS_DIR)]
+    path = ev.source_text(ctx.item(ev.GDS_DIR))
+    if not data.get("exists") or data.get("is_dir") is False:
+        return [finding("GDS-080", Severity.FAIL, f"{path} does not exist or is not a directory")]
+    user = data.get("service_user") or ctx.settings.get("service_user") or "?"
+    writable = data.get("writable_by_service_user")
+    if writable is True:
+        return [finding("GDS-080", Severity.PASS, f"{path} writable by {user}", _summary(data))]
+    if writable is False:
+        return [finding("GDS-080", Severity.FAIL, f"{path} not writable by {user}", _summary(data))]
+    return [finding("GDS-080", Severity.WARN, f"write access for {user} unknown", _summary(data))]
+
+
+def check_tmp_files(ctx: Context) -> list[Finding]:
+    data = ctx.data(ev.GDS_DIR)
+    if data is None or not data.get("exists"):
+        return [finding("GDS-081", Severity.SKIP, "GDS directory not inspected (see GDS-080)")]
+    count = data.get("tmp_file_count")
+    if not isinstance(count, int):
+        return [finding("GDS-081", Severity.SKIP, "probe did not count temp files")]
+    if count == 0:
+        return [finding("GDS-081", Severity.PASS, "no leftover temp files")]
+    sample = "\n".join(str(p) for p in (data.get("tmp_files") or [])[:5])
+    return [finding("GDS-081", Severity.WARN, f"{count} leftover *.tmp* files", sample)]
+
+
+def check_free_space(ctx: Context) -> list[Finding]:
+    data = ctx.data(ev.GDS_DIR)
+    if data is None or not isinstance(data.get("free_bytes"), int):
+        return [finding("GDS-082", Severity.SKIP, "free space not reported (see GDS-080)")]
+    free_gib = int(data["free_bytes"]) / GIB
+    minimum = ctx.thresholds.min_free_gib
+    msg = f"{free_gib:.1f} GiB free (minimum {minimum:g} GiB)"
+    if free_gib < minimum:
+        return [finding("GDS-082", Severity.FAIL, msg, _summary(data))]
+    return [finding("GDS-082", Severity.PASS, msg, _summary(data))]
+
+
+CHECKS = [check_writable, check_tmp_files, check_free_space]

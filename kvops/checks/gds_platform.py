@@ -1,0 +1,77 @@
+"""`gdscheck -p` verdicts and IOMMU: can cuFile do real GDS to NFS on this platform."""
+
+from __future__ import annotations
+
+from kvops import evidence as ev
+from kvops.checks.context import Context
+from kvops.checks.model import Finding, Severity, finding
+
+
+def check_nfs_mode(ctx: Context) -> list[Finding]:
+    report = ctx.gdscheck
+    if report is None:
+        item = ctx.item(ev.GDSCHECK)
+        if item is None:
+            return [ctx.skip("GDS-040", ev.GDSCHECK)]
+        return [
+            finding(
+                "GDS-040",
+                Severity.WARN,
+                f"cannot prove the GDS path: {ctx.problem(ev.GDSCHECK)}",
+                remedy="Install gds-tools-X-Y so /usr/local/cuda/gds/tools/gdscheck exists.",
+            )
+        ]
+    modes = report.modes("NFS")
+    excerpt = f"NFS : {', '.join(modes or [])}"
+    if modes is None:
+        return [finding("GDS-040", Severity.FAIL, "gdscheck -p lists no NFS line")]
+    direct = report.direct_modes("NFS")
+    if direct:
+        return [finding("GDS-040", Severity.PASS, f"NFS via {', '.join(direct)}", excerpt)]
+    if "compat" in modes:
+        msg = "NFS only in compat mode: cuFile would use POSIX IO (no GDS)"
+        return [finding("GDS-040", Severity.FAIL, msg, excerpt)]
+    return [finding("GDS-040", Severity.FAIL, "NFS unsupported by GDS on this host", excerpt)]
+
+
+def check_platform_verification(ctx: Context) -> list[Finding]:
+    report = ctx.gdscheck
+    if report is None:
+        return [ctx.skip("GDS-041", ev.GDSCHECK)]
+    line = report.platform.get("verification", "")
+    if report.platform_verification is True:
+        return [finding("GDS-041", Severity.PASS, "platform verification succeeded", line)]
+    if report.platform_verification is False:
+        return [finding("GDS-041", Severity.FAIL, "platform verification failed", line)]
+    return [finding("GDS-041", Severity.WARN, "no verification line (truncated output?)")]
+
+
+def check_iommu(ctx: Context) -> list[Finding]:
+    cmdline = ctx.text(ev.CMDLINE)
+    tokens = set((cmdline or "").split())
+    if "iommu=pt" in tokens or "iommu.passthrough=1" in tokens:
+        return [finding("GDS-042", Severity.PASS, "IOMMU in pass-through mode", cmdline or "")]
+    if tokens & {"intel_iommu=off", "amd_iommu=off", "iommu=off"}:
+        return [
+            finding("GDS-042", Severity.PASS, "IOMMU off on the kernel command line", cmdline or "")
+        ]
+    if tokens & {"intel_iommu=on", "amd_iommu=on", "amd_iommu=force_isolation"}:
+        msg = "IOMMU enabled on the kernel command line without iommu=pt"
+        return [finding("GDS-042", Severity.FAIL, msg, cmdline or "")]
+    groups = ctx.data(ev.IOMMU)
+    if groups is not None and isinstance(groups.get("group_count"), int):
+        count = groups["group_count"]
+        if count > 0:
+            msg = f"{count} IOMMU groups present and no iommu=pt: DMA is translated"
+            return [finding("GDS-042", Severity.FAIL, msg, cmdline or "")]
+        return [finding("GDS-042", Severity.PASS, "no IOMMU groups: IOMMU off", cmdline or "")]
+    if ctx.gdscheck is not None and "IOMMU" in ctx.gdscheck.platform:
+        state = ctx.gdscheck.platform["IOMMU"]
+        excerpt = f"IOMMU: {state}"
+        if state.lower().startswith("disabled"):
+            return [finding("GDS-042", Severity.PASS, "gdscheck: IOMMU disabled", excerpt)]
+        return [finding("GDS-042", Severity.FAIL, f"gdscheck: IOMMU {state}", excerpt)]
+    return [ctx.skip("GDS-042", ev.CMDLINE, ev.IOMMU, ev.GDSCHECK)]
+
+
+CHECKS = [check_nfs_mode, check_platform_verification, check_iommu]

@@ -1,0 +1,92 @@
+"""gdsio on the GDS directory: real GPU-direct bandwidth, and proof it went through nvidia-fs.
+
+Throughput alone cannot tell GDS from compat mode (POSIX through a bounce buffer can be fast);
+nvidia-fs counts only IO it carried, so its read/write counters rising during the run is the
+proof (NVIDIA GDS TSG §5.9: compat and P2PDMA IO are not counted).
+"""
+
+from __future__ import annotations
+
+from kvops import evidence as ev
+from kvops.checks.context import Context
+from kvops.checks.model import Finding, Severity, finding
+from kvops.parse.gdsio import GdsioResult, parse_gdsio
+from kvops.parse.nvfs_stats import io_counts, parse_nvfs_stats
+
+GIB_PER_GBIT = 1e9 / 8 / 2**30
+
+
+def _results(ctx: Context) -> tuple[list[GdsioResult], list[str]]:
+    results: list[GdsioResult] = []
+    problems: list[str] = []
+    for item_id in (ev.GDSIO_WRITE, ev.GDSIO_READ):
+        text = ctx.text(item_id)
+        if text is None:
+            problems.append(ctx.problem(item_id))
+            continue
+        parsed = parse_gdsio(text)
+        results.extend(parsed.results)
+        if not parsed.results:
+            problems.append(f"{item_id}: no gdsio result line")
+    return results, problems
+
+
+def check_throughput(ctx: Context) -> list[Finding]:
+    if ctx.item(ev.GDSIO_WRITE) is None and ctx.item(ev.GDSIO_READ) is None:
+        return [finding("GDS-050", Severity.SKIP, "no storage bench (run with --storage-bench)")]
+    results, problems = _results(ctx)
+    if problems:
+        return [finding("GDS-050", Severity.FAIL, "gdsio failed: " + "; ".join(problems))]
+    direct = [r for r in results if r.gpu_direct]
+    if not direct:
+        kinds = sorted({r.xfer_type for r in results})
+        msg = f"no GPU-direct (-x 0) result, only {kinds}"
+        return [finding("GDS-050", Severity.FAIL, msg)]
+    shown = "\n".join(
+        f"{r.io_type} {r.xfer_type} threads={r.threads} {r.throughput_gib_s:.3f} GiB/s"
+        for r in direct
+    )
+    rates = [p.rate_gbit_s for p in ctx.rdma_ports or [] if p.active and p.rate_gbit_s]
+    if not rates:
+        msg = "link rate unknown (no active RDMA port rate): throughput not judged"
+        return [finding("GDS-050", Severity.SKIP, msg, shown)]
+    link_gib_s = max(rates) * GIB_PER_GBIT
+    share = ctx.thresholds.bench_min_link_share
+    out = []
+    for kind in ("read", "write"):
+        runs = [r for r in direct if r.is_read == (kind == "read")]
+        if not runs:
+            continue
+        best = max(r.throughput_gib_s for r in runs)
+        ratio = best / link_gib_s
+        msg = (
+            f"{kind} {best:.2f} GiB/s = {ratio:.0%} of the {max(rates):g} Gb/s link "
+            f"({link_gib_s:.2f} GiB/s; threshold {share:.0%})"
+        )
+        severity = Severity.PASS if ratio >= share else Severity.WARN
+        out.append(finding("GDS-050", severity, msg, shown))
+    return out
+
+
+def check_counters_rise(ctx: Context) -> list[Finding]:
+    before_text = ctx.text(ev.NVFS_STATS_BEFORE_BENCH)
+    after_text = ctx.text(ev.NVFS_STATS_AFTER_BENCH)
+    if before_text is None or after_text is None:
+        if ctx.item(ev.NVFS_STATS_BEFORE_BENCH) is None:
+            return [
+                finding("GDS-051", Severity.SKIP, "no storage bench (run with --storage-bench)")
+            ]
+        return [ctx.skip("GDS-051", ev.NVFS_STATS_BEFORE_BENCH, ev.NVFS_STATS_AFTER_BENCH)]
+    before = io_counts(parse_nvfs_stats(before_text))
+    after = io_counts(parse_nvfs_stats(after_text))
+    if before is None or after is None:
+        return [finding("GDS-051", Severity.FAIL, "nvidia-fs stats have no Reads/Writes counters")]
+    reads, writes = after[0] - before[0], after[1] - before[1]
+    shown = f"Reads n: {before[0]} -> {after[0]}\nWrites n: {before[1]} -> {after[1]}"
+    if reads > 0 and writes > 0:
+        return [finding("GDS-051", Severity.PASS, f"+{reads} reads, +{writes} writes", shown)]
+    msg = f"nvidia-fs saw +{reads} reads, +{writes} writes: IO bypassed GDS (compat mode?)"
+    return [finding("GDS-051", Severity.FAIL, msg, shown)]
+
+
+CHECKS = [check_throughput, check_counters_rise]

@@ -1,0 +1,89 @@
+"""The vLLM endpoint as users see it, and the connector that makes it an offload host."""
+
+from __future__ import annotations
+
+import json
+
+from kvops import evidence as ev
+from kvops.checks.context import Context
+from kvops.checks.model import Finding, Severity, finding
+from kvops.parse.prometheus import parse_prometheus_text
+
+CONNECTOR = "LMCacheConnectorV1"
+
+
+def check_healthy(ctx: Context) -> list[Finding]:
+    item = ctx.item(ev.HTTP_HEALTH)
+    if item is None:
+        return [ctx.skip("GDS-070", ev.HTTP_HEALTH)]
+    if ev.item_problem(item) is None:
+        return [finding("GDS-070", Severity.PASS, f"{ev.source_text(item)}: HTTP 200")]
+    return [finding("GDS-070", Severity.FAIL, f"not healthy: {ctx.problem(ev.HTTP_HEALTH)}")]
+
+
+def check_model_served(ctx: Context) -> list[Finding]:
+    text = ctx.text(ev.HTTP_MODELS)
+    if text is None:
+        return [ctx.skip("GDS-071", ev.HTTP_MODELS)]
+    try:
+        body = json.loads(text)
+        served = [str(m["id"]) for m in body.get("data", []) if isinstance(m, dict) and "id" in m]
+    except (json.JSONDecodeError, AttributeError, TypeError) as exc:
+        return [finding("GDS-071", Severity.FAIL, f"/v1/models is not an OpenAI list: {exc}")]
+    expected = ctx.settings.get("expected_model")
+    if expected:
+        if expected in served:
+            return [finding("GDS-071", Severity.PASS, f"serves {expected}")]
+        return [finding("GDS-071", Severity.FAIL, f"{expected} not served; serves {served}")]
+    if served:
+        return [finding("GDS-071", Severity.PASS, f"serves {served} (no expected_model set)")]
+    return [finding("GDS-071", Severity.FAIL, "/v1/models lists no model")]
+
+
+def check_kv_transfer_config(ctx: Context) -> list[Finding]:
+    if ctx.vllm_argv is None:
+        return [ctx.skip("GDS-072", ev.VLLM_PROCESS, ev.VLLM_UNIT)]
+    config = ctx.kv_transfer_config
+    connector = config.get("kv_connector") if isinstance(config, dict) else None
+    shown = f"--kv-transfer-config {json.dumps(config) if config is not None else '(absent)'}"
+    if ctx.role == ev.ROLE_OFFLOAD:
+        if connector == CONNECTOR:
+            return [finding("GDS-072", Severity.PASS, f"kv_connector {CONNECTOR}", shown)]
+        if isinstance(config, str):
+            return [finding("GDS-072", Severity.FAIL, "--kv-transfer-config is not JSON", shown)]
+        msg = f"offload host without {CONNECTOR} (kv_connector={connector!r})"
+        return [finding("GDS-072", Severity.FAIL, msg, shown)]
+    if ctx.role == ev.ROLE_BASELINE:
+        if connector == CONNECTOR:
+            msg = f"baseline host runs {CONNECTOR}: the A/B baseline would offload too"
+            return [
+                finding(
+                    "GDS-072",
+                    Severity.WARN,
+                    msg,
+                    shown,
+                    remedy="Deploy the baseline variant (playbooks/deploy.yml).",
+                )
+            ]
+        return [finding("GDS-072", Severity.PASS, "baseline host without LMCache connector", shown)]
+    return [finding("GDS-072", Severity.SKIP, "settings.role unset: connector not judged", shown)]
+
+
+def check_metrics(ctx: Context) -> list[Finding]:
+    text = ctx.text(ev.HTTP_METRICS)
+    if text is None:
+        return [ctx.skip("GDS-073", ev.HTTP_METRICS)]
+    metrics = parse_prometheus_text(text)
+    has_vllm = metrics.has_prefix("vllm:")
+    has_lmcache = metrics.has_prefix("lmcache:")
+    shown = f"vllm:* {'present' if has_vllm else 'absent'}; lmcache:* "
+    shown += "present" if has_lmcache else "absent"
+    if not has_vllm:
+        return [finding("GDS-073", Severity.WARN, "no vllm:* metrics on /metrics", shown)]
+    if ctx.role == ev.ROLE_OFFLOAD and not has_lmcache:
+        msg = "offload host exposes no lmcache:* metrics"
+        return [finding("GDS-073", Severity.WARN, msg, shown)]
+    return [finding("GDS-073", Severity.PASS, shown)]
+
+
+CHECKS = [check_healthy, check_model_served, check_kv_transfer_config, check_metrics]
