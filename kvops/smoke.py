@@ -97,8 +97,9 @@ class SmokeEvidence:
     resend: RequestResult
     eviction: Eviction
     gds_dir: str | None = None
-    files_before: Sequence[ChunkFile] = field(default_factory=tuple)
-    files_after: Sequence[ChunkFile] = field(default_factory=tuple)
+    files_before_count: int = 0  # chunk files under gds_dir before the first send
+    files_after_count: int = 0  # ... and after the re-send
+    new_files: Sequence[ChunkFile] = field(default_factory=tuple)  # those not there before
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,8 +122,9 @@ class SmokeEvidence:
             resend=RequestResult(**data["resend"]),
             eviction=Eviction(**data["eviction"]),
             gds_dir=data.get("gds_dir"),
-            files_before=tuple(ChunkFile(**f) for f in data.get("files_before", ())),
-            files_after=tuple(ChunkFile(**f) for f in data.get("files_after", ())),
+            files_before_count=int(data.get("files_before_count", 0)),
+            files_after_count=int(data.get("files_after_count", 0)),
+            new_files=tuple(ChunkFile(**f) for f in data.get("new_files", ())),
         )
 
 
@@ -263,14 +265,13 @@ def judge_ttft(ev: SmokeEvidence, min_drop: float) -> SmokeItem:
 def judge_chunk_files(ev: SmokeEvidence) -> SmokeItem:
     if ev.gds_dir is None:
         return SmokeItem("chunk_files", "SKIP", "no --gds-dir given")
-    old = {f.path for f in ev.files_before}
-    new = [f for f in ev.files_after if f.path not in old]
+    new = list(ev.new_files)
     if not new:
         return SmokeItem(
             "chunk_files",
             "FAIL",
             f"no new chunk files under {ev.gds_dir} "
-            f"({len(ev.files_after)} there, none new): nothing was written to storage",
+            f"({ev.files_after_count} there, none new): nothing was written to storage",
         )
     lmcache = [f for f in new if f.layout == "lmcache"]
     bad = [f for f in lmcache if f.header_ok is False]
@@ -288,7 +289,10 @@ def judge_chunk_files(ev: SmokeEvidence) -> SmokeItem:
         else "connector files (*.safetensors)"
     )
     return SmokeItem(
-        "chunk_files", "PASS", f"{len(new)} new {kind} under {ev.gds_dir}, {size_mib:.1f} MiB"
+        "chunk_files",
+        "PASS",
+        f"{len(new)} new {kind} under {ev.gds_dir}, {size_mib:.1f} MiB "
+        f"({ev.files_before_count} → {ev.files_after_count} files)",
     )
 
 

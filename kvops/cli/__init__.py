@@ -21,3 +21,7 @@ def main() -> None:
 
 
 # Commands are registered below, one line each, as they land.
+
+from kvops.cli.smoke import smoke  # noqa: E402
+
+main.add_command(smoke)

@@ -35,7 +35,12 @@ def _corpus(seed: int, lines: int = 4000) -> list[str]:
     for _ in range(lines):
         n = rng.randint(5, 30)
         sentence = " ".join(rng.choice(words) for _ in range(n))
-        out.append(sentence.capitalize() + rng.choice([".", "?", "!", ","]) + " " + str(rng.randint(0, 9999)))
+        out.append(
+            sentence.capitalize()
+            + rng.choice([".", "?", "!", ","])
+            + " "
+            + str(rng.randint(0, 9999))
+        )
     return out
 
 

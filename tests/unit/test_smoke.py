@@ -53,8 +53,9 @@ def connector_evidence(**over: object) -> SmokeEvidence:
         resend=RequestResult(ttft_ms=60.0, prompt_tokens=PROMPT, cached_tokens=1920),
         eviction=Eviction("reset_prefix_cache", "POST /reset_prefix_cache answered success"),
         gds_dir="/data/kv",
-        files_before=(),
-        files_after=(ChunkFile("/data/kv/abc/layer0.safetensors", 1 << 20, "connector"),),
+        files_before_count=0,
+        files_after_count=1,
+        new_files=(ChunkFile("/data/kv/abc/layer0.safetensors", 1 << 20, "connector"),),
     )
     return dataclasses.replace(ev, **over)  # type: ignore[arg-type]
 
@@ -65,7 +66,7 @@ def lmcache_evidence(**over: object) -> SmokeEvidence:
         after_first=snap(True, stored=2048, hit=0, ext_q=PROMPT, ext_h=0, local_h=0),
         before_resend=snap(True, stored=2048, hit=0, ext_q=PROMPT, ext_h=0, local_h=0),
         after_resend=snap(True, stored=2048, hit=2048, ext_q=2 * PROMPT, ext_h=2047, local_h=0),
-        files_after=tuple(
+        new_files=tuple(
             ChunkFile(
                 f"/data/kv/12/34/tiny%401%400%40{i:x}%40float.kvcache.safetensors",
                 4096 + 65536,
@@ -113,7 +114,7 @@ def test_engine_without_offload_fails_with_offload_not_configured() -> None:
         before_resend=flat,
         after_resend=flat,
         resend=RequestResult(ttft_ms=255.0, prompt_tokens=PROMPT, cached_tokens=0),
-        files_after=(),
+        new_files=(),
     )
     items = judge(ev)
     named = by_name(items)
@@ -164,15 +165,15 @@ def test_ttft_margin_is_configurable() -> None:
 
 def test_chunk_files_skip_without_dir_and_fail_without_new_files() -> None:
     assert by_name(judge(connector_evidence(gds_dir=None)))["chunk_files"].status == "SKIP"
-    old = (ChunkFile("/data/kv/x.safetensors", 10, "connector"),)
-    item = by_name(judge(connector_evidence(files_before=old, files_after=old)))["chunk_files"]
+    ev = connector_evidence(files_before_count=3, files_after_count=3, new_files=())
+    item = by_name(judge(ev))["chunk_files"]
     assert item.status == "FAIL"
     assert "none new" in item.message
 
 
 def test_bad_lmcache_header_fails_chunk_files() -> None:
     bad = (ChunkFile("/data/kv/12/34/k.kvcache.safetensors", 100, "lmcache", False),)
-    item = by_name(judge(lmcache_evidence(files_after=bad)))["chunk_files"]
+    item = by_name(judge(lmcache_evidence(new_files=bad)))["chunk_files"]
     assert item.status == "FAIL"
     assert "bad header" in item.message
 

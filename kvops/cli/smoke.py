@@ -1,0 +1,135 @@
+"""`kvops smoke`: prove that a running engine's KV offload really stores and retrieves.
+
+Thin by design: options → `kvops.smoke_run` (I/O) → `kvops.smoke` (judge) → table or JSON →
+exit code 0 pass / 1 fail / 2 could not run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kvops.smoke import DEFAULT_MIN_TTFT_DROP, SmokeItem, exit_code, judge, overall
+from kvops.smoke_run import SmokeError, SmokeOptions, run_smoke
+
+STYLE = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}
+
+
+@click.command("smoke")
+@click.option("--url", required=True, help="Base URL of the engine, e.g. http://gpu1:8000.")
+@click.option(
+    "--gds-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the engine writes offloaded chunks (LMCache gds_path, or the connector's "
+    "directory), as seen from here: new chunk files there are evidence.",
+)
+@click.option("--model", help="Model to use (default: the first one /v1/models lists).")
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=64),
+    default=2048,
+    show_default=True,
+    help="Length of the test prompt: several LMCache chunks (256 tokens by default).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds allowed for each request.",
+)
+@click.option(
+    "--evict",
+    type=click.Choice(["auto", "reset", "fillers"]),
+    default="auto",
+    show_default=True,
+    help="How to force the prompt out of GPU memory: POST /reset_prefix_cache (vLLM needs "
+    "VLLM_SERVER_DEV_MODE=1), filler prompts sized from the KV capacity in the metrics, or "
+    "auto (reset where served, else fillers).",
+)
+@click.option(
+    "--min-ttft-drop",
+    type=click.FloatRange(min=0, max=1),
+    default=DEFAULT_MIN_TTFT_DROP,
+    show_default=True,
+    help="Fraction by which the re-send's TTFT must fall (0.2 = 20 % lower).",
+)
+@click.option("--seed", type=int, help="Seed of the test prompt (default: fresh each run).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of a table.")
+def smoke(
+    url: str,
+    gds_dir: Path | None,
+    model: str | None,
+    prompt_tokens: int,
+    timeout_s: float,
+    evict: str,
+    min_ttft_drop: float,
+    seed: int | None,
+    as_json: bool,
+) -> None:
+    """Send a long prompt, force it out of GPU memory, re-send it, and judge the evidence.
+
+    \b
+    PASS needs: a KV connector or LMCache on the engine; LMCache stored/retrieved-token
+    counters rising (SKIP on non-LMCache engines); vLLM's external prefix-cache hits rising on
+    the re-send; a clearly lower re-send TTFT; with --gds-dir, new chunk files there.
+
+    \b
+    Examples:
+      kvops smoke --url http://gpu1:8000 --gds-dir /mnt/ontap/lmcache
+      kvops smoke --url http://127.0.0.1:8000 --json
+    Exit: 0 pass, 1 fail, 2 could not run.
+    """
+    err = Console(stderr=True)
+    opts = SmokeOptions(
+        url=url,
+        model=model,
+        prompt_tokens=prompt_tokens,
+        gds_dir=gds_dir,
+        timeout_s=timeout_s,
+        seed=seed,
+        evict=evict,
+    )
+    progress = (lambda _msg: None) if as_json else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    try:
+        evidence = run_smoke(opts, progress)
+    except SmokeError as exc:
+        if as_json:
+            click.echo(json.dumps({"status": "ERROR", "exit_code": 2, "error": str(exc)}))
+        err.print(f"kvops smoke: could not run: {exc}", style="red", markup=False, highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("kvops smoke: interrupted", style="red")
+        sys.exit(2)
+    items = judge(evidence, min_ttft_drop)
+    code = exit_code(items)
+    if as_json:
+        doc = {
+            "status": overall(items),
+            "exit_code": code,
+            "items": [{"name": i.name, "status": i.status, "message": i.message} for i in items],
+            "evidence": evidence.to_dict(),
+        }
+        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        _render(items, evidence.url, evidence.seed)
+    sys.exit(code)
+
+
+def _render(items: list[SmokeItem], url: str, seed: int) -> None:
+    table = Table(title=f"kvops smoke {url} (prompt seed {seed})", title_justify="left")
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("evidence", overflow="fold")
+    for item in items:
+        table.add_row(item.name, f"[{STYLE[item.status]}]{item.status}[/]", item.message)
+    out = Console()
+    out.print(table)
+    verdict = overall(items)
+    out.print(f"smoke: [{STYLE[verdict]}]{verdict}[/]")

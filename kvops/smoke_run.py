@@ -1,0 +1,354 @@
+"""The I/O half of `kvops smoke`: talk to a running engine and gather `SmokeEvidence`.
+
+Why this order of steps: offload is proven only if a prompt's KV went to the second tier and
+came back from it. So the runner sends one long prompt (several LMCache chunks) cold, forces it
+out of GPU memory, sends it again, and snapshots the server's counters around each step so the
+judge (`kvops.smoke`) can attribute every rise to the right request. A short warm-up request
+first keeps first-request costs out of the cold TTFT. The prompt is drawn fresh from a seed
+(reported) so a persistent offload tier cannot already hold it from an earlier run.
+
+Everything here either returns evidence or raises `SmokeError` with a one-line reason ("could
+not run", exit 2); judging is left to `kvops.smoke`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session, send_request
+from kvops.parse.prometheus import PrometheusText, parse_prometheus_text
+from kvops.smoke import COUNTERS, ChunkFile, Eviction, MetricsSnapshot, RequestResult, SmokeEvidence
+
+LMCACHE_SUFFIX = ".kvcache.safetensors"
+LMCACHE_HEADER_BYTES = 4096
+# Token ids used when the server has no /tokenize: low ids exist in every real vocabulary.
+FALLBACK_TOKEN_IDS = range(100, 1000)
+# Fillers must cover the reported KV capacity with room to spare, as LRU eviction is not exact.
+FILLER_OVERSHOOT = 1.25
+FILLER_MAX_TOKENS = 8192
+HTTP_TIMEOUT_S = 30.0
+
+Progress = Callable[[str], None]
+
+
+class SmokeError(Exception):
+    """The smoke could not run (unreachable server, failed request): exit 2, one-line reason."""
+
+
+@dataclass(frozen=True)
+class SmokeOptions:
+    url: str
+    model: str | None = None
+    prompt_tokens: int = 2048
+    output_tokens: int = 4
+    gds_dir: Path | None = None
+    timeout_s: float = 120.0
+    seed: int | None = None
+    evict: str = "auto"  # auto | reset | fillers
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+class _Server:
+    """Plain HTTP calls to one engine (the streaming request goes through kvops.loadgen)."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+        self.session = session
+        self.url = url.rstrip("/")
+
+    async def call(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, str]:
+        timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
+        try:
+            async with self.session.request(
+                method, self.url + path, json=body, timeout=timeout, headers={"Accept": "*/*"}
+            ) as resp:
+                return resp.status, await resp.text(errors="replace")
+        except aiohttp.ClientConnectorError as exc:
+            raise SmokeError(f"cannot reach {self.url}: {exc.os_error or exc}") from None
+        except TimeoutError:
+            raise SmokeError(
+                f"{method} {self.url}{path}: no answer in {HTTP_TIMEOUT_S:g} s"
+            ) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise SmokeError(f"{method} {self.url}{path} failed: {exc}") from None
+
+    async def json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        status, text = await self.call(method, path, body)
+        if status != 200:
+            raise SmokeError(f"{method} {path} answered HTTP {status}: {text.strip()[:200]}")
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            raise SmokeError(f"{method} {path} did not answer JSON: {text[:200]!r}") from None
+
+    async def metrics(self) -> PrometheusText:
+        status, text = await self.call("GET", "/metrics")
+        if status != 200:
+            raise SmokeError(
+                f"GET /metrics answered HTTP {status}: the smoke judges offload from the "
+                "server's Prometheus counters"
+            )
+        return parse_prometheus_text(text)
+
+
+def snapshot(metrics: PrometheusText) -> MetricsSnapshot:
+    return MetricsSnapshot(
+        {name: metrics.counter_value(name) for name in COUNTERS},
+        metrics.has_prefix("lmcache:"),
+    )
+
+
+def kv_capacity_tokens(metrics: PrometheusText) -> int | None:
+    """num_gpu_blocks x block_size from `vllm:cache_config_info` labels, when reported."""
+    for sample in metrics.find("vllm:cache_config_info"):
+        try:
+            blocks = int(sample.labels["num_gpu_blocks"])
+            block = int(sample.labels["block_size"])
+        except (KeyError, ValueError):
+            continue
+        if blocks > 0 and block > 0:
+            return blocks * block
+    return None
+
+
+async def _settled(server: _Server) -> MetricsSnapshot:
+    """Counters may land a moment after the stream ends; read until two reads agree (≤ 2 s)."""
+    last = snapshot(await server.metrics())
+    for _ in range(8):
+        await asyncio.sleep(0.25)
+        now = snapshot(await server.metrics())
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def list_chunk_files(root: Path) -> set[str]:
+    """Every finished `*.safetensors` under root (LMCache GDS chunks or connector files);
+    `*.tmp*` files are writes in flight and not counted."""
+    found: set[str] = set()
+    if not root.is_dir():
+        return found
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            if name.endswith(".safetensors") and ".tmp" not in name:
+                found.add(os.path.join(dirpath, name))
+    return found
+
+
+def describe_chunk_file(path: str) -> ChunkFile:
+    """Size and, for LMCache's layout, whether the 4096-byte header matches the file size."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return ChunkFile(path, 0, "lmcache" if path.endswith(LMCACHE_SUFFIX) else "connector")
+    if not path.endswith(LMCACHE_SUFFIX):
+        return ChunkFile(path, size, "connector")
+    return ChunkFile(path, size, "lmcache", _lmcache_header_ok(path, size))
+
+
+def _lmcache_header_ok(path: str, size: int) -> bool:
+    if size < LMCACHE_HEADER_BYTES:
+        return False
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(LMCACHE_HEADER_BYTES)
+        (length,) = struct.unpack("<Q", head[:8])
+        header = json.loads(head[8 : 8 + length])
+        end = int(next(iter(header.values()))["data_offsets"][1])
+    except (OSError, ValueError, KeyError, IndexError, StopIteration, TypeError, struct.error):
+        return False
+    return size - LMCACHE_HEADER_BYTES == end
+
+
+class SmokeRunner:
+    """One smoke run against one engine; `run()` returns the evidence."""
+
+    def __init__(self, opts: SmokeOptions, progress: Progress = _quiet) -> None:
+        self.opts = opts
+        self.progress = progress
+        self.seed = opts.seed if opts.seed is not None else time.time_ns() % 2**31
+        self.rng = random.Random(self.seed)
+        self.count = 0
+
+    async def run(self) -> SmokeEvidence:
+        async with make_session() as session:
+            server = _Server(session, self.opts.url)
+            return await self._run(session, server)
+
+    async def _run(self, session: aiohttp.ClientSession, server: _Server) -> SmokeEvidence:
+        opts = self.opts
+        model, max_len = await self._model(server)
+        endpoint = Endpoint(base_url=server.url, model=model)
+        pool = await self._token_pool(server, model)
+        prompt_tokens = opts.prompt_tokens
+        if max_len is not None:
+            prompt_tokens = min(prompt_tokens, max_len - opts.output_tokens - 1)
+        self.progress(f"{server.url}: model {model}, prompt of {prompt_tokens:,} tokens")
+
+        await self._send(session, endpoint, self._prompt(pool, 16), "warm-up")
+        before = snapshot(await server.metrics())
+        files_before = list_chunk_files(opts.gds_dir) if opts.gds_dir else set()
+
+        prompt = self._prompt(pool, prompt_tokens)
+        first = await self._send(session, endpoint, prompt, "first send (cold)")
+        after_first = await _settled(server)
+
+        eviction = await self._evict(session, server, endpoint, pool, max_len)
+        before_resend = await _settled(server)
+        resend = await self._send(session, endpoint, prompt, "re-send")
+        after_resend = await _settled(server)
+
+        new: list[ChunkFile] = []
+        files_after: set[str] = set()
+        if opts.gds_dir:
+            files_after = await self._files_after(opts.gds_dir, files_before)
+            new = [describe_chunk_file(p) for p in sorted(files_after - files_before)]
+        return SmokeEvidence(
+            url=server.url,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            seed=self.seed,
+            before=before,
+            after_first=after_first,
+            before_resend=before_resend,
+            after_resend=after_resend,
+            first=first,
+            resend=resend,
+            eviction=eviction,
+            gds_dir=str(opts.gds_dir) if opts.gds_dir else None,
+            files_before_count=len(files_before),
+            files_after_count=len(files_after),
+            new_files=tuple(new),
+        )
+
+    async def _model(self, server: _Server) -> tuple[str, int | None]:
+        """The model to use (given, or the first listed) and its max_model_len when reported."""
+        listing = await server.json("GET", "/v1/models")
+        models = [m for m in listing.get("data", []) if isinstance(m, dict) and "id" in m]
+        if not models:
+            raise SmokeError("GET /v1/models lists no model")
+        chosen = next((m for m in models if m["id"] == self.opts.model), None)
+        if self.opts.model and chosen is None:
+            names = ", ".join(str(m["id"]) for m in models)
+            raise SmokeError(f"model {self.opts.model!r} not served (served: {names})")
+        chosen = chosen or models[0]
+        max_len = chosen.get("max_model_len")
+        return str(chosen["id"]), int(max_len) if isinstance(max_len, int) else None
+
+    async def _token_pool(self, server: _Server, model: str) -> list[int]:
+        """Token ids the model surely knows: those its tokenizer gives for seeded words."""
+        words = " ".join(f"w{self.rng.randrange(10**6)} x{i}" for i in range(200))
+        status, text = await server.call("POST", "/tokenize", {"model": model, "prompt": words})
+        if status == 200:
+            try:
+                tokens = json.loads(text).get("tokens", [])
+            except (json.JSONDecodeError, AttributeError):
+                tokens = []
+            pool = sorted({t for t in tokens if isinstance(t, int) and t > 2})
+            if len(pool) >= 16:
+                return pool
+        return list(FALLBACK_TOKEN_IDS)
+
+    def _prompt(self, pool: list[int], n: int) -> list[int]:
+        return [self.rng.choice(pool) for _ in range(n)]
+
+    async def _send(
+        self, session: aiohttp.ClientSession, endpoint: Endpoint, prompt: list[int], what: str
+    ) -> RequestResult:
+        self.count += 1
+        request = CompletionRequest(
+            request_id=f"smoke-{self.seed}-{self.count}",
+            prompt=prompt,
+            output_tokens=self.opts.output_tokens,
+            intended_prompt_tokens=len(prompt),
+        )
+        rec: RequestRecord = await send_request(
+            session, endpoint, request, timeout_s=self.opts.timeout_s, stall_timeout_s=None
+        )
+        if not rec.ok or rec.ttft_ms is None:
+            raise SmokeError(f"{what} failed: {rec.error or 'no token streamed'}")
+        self.progress(
+            f"{what}: TTFT {rec.ttft_ms:.1f} ms"
+            + (f", {rec.cached_tokens:,} cached tokens" if rec.cached_tokens is not None else "")
+        )
+        return RequestResult(
+            ttft_ms=rec.ttft_ms,
+            prompt_tokens=rec.prompt_tokens or len(prompt),
+            cached_tokens=rec.cached_tokens,
+        )
+
+    async def _evict(
+        self,
+        session: aiohttp.ClientSession,
+        server: _Server,
+        endpoint: Endpoint,
+        pool: list[int],
+        max_len: int | None,
+    ) -> Eviction:
+        """POST /reset_prefix_cache (GPU tier only) where served; otherwise filler prompts
+        sized from the KV capacity the server reports."""
+        if self.opts.evict in ("auto", "reset"):
+            for _ in range(10):
+                status, text = await server.call("POST", "/reset_prefix_cache")
+                if status in (404, 405):
+                    break
+                if status == 200 and '"success":false' not in text.replace(" ", ""):
+                    self.progress("evicted with POST /reset_prefix_cache")
+                    return Eviction("reset_prefix_cache", "POST /reset_prefix_cache succeeded")
+                await asyncio.sleep(0.5)  # blocks still held: vLLM asks to retry
+            if self.opts.evict == "reset":
+                return Eviction(
+                    "none",
+                    "POST /reset_prefix_cache is not served (vLLM needs VLLM_SERVER_DEV_MODE=1)",
+                )
+        capacity = kv_capacity_tokens(await server.metrics())
+        if capacity is None:
+            return Eviction(
+                "none",
+                "no /reset_prefix_cache and no KV capacity in the metrics "
+                "(vllm:cache_config_info num_gpu_blocks x block_size) to size filler prompts",
+            )
+        size = min(FILLER_MAX_TOKENS, (max_len or FILLER_MAX_TOKENS) - self.opts.output_tokens - 1)
+        count = math.ceil(FILLER_OVERSHOOT * capacity / size) + 1
+        self.progress(f"evicting with {count} filler prompts of {size:,} tokens")
+        for i in range(count):
+            await self._send(session, endpoint, self._prompt(pool, size), f"filler {i + 1}/{count}")
+        return Eviction(
+            "fillers",
+            f"{count} filler prompts of {size:,} tokens "
+            f"(KV capacity {capacity:,} tokens reported by vllm:cache_config_info)",
+            filler_tokens=count * size,
+            capacity_tokens=capacity,
+        )
+
+    async def _files_after(self, root: Path, before: set[str]) -> set[str]:
+        """LMCache's GDS backend writes asynchronously: give new files up to 3 s to appear."""
+        files = list_chunk_files(root)
+        for _ in range(12):
+            if files - before:
+                break
+            await asyncio.sleep(0.25)
+            files = list_chunk_files(root)
+        return files
+
+
+def run_smoke(opts: SmokeOptions, progress: Progress = _quiet) -> SmokeEvidence:
+    """Gather evidence synchronously (the CLI's entry point); raises SmokeError."""
+    return asyncio.run(SmokeRunner(opts, progress).run())
