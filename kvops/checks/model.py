@@ -84,4 +84,7 @@ class Thresholds:
     nfs_versions_over_rdma: tuple[str, ...] = ("3", "4", "4.0", "4.1")
     min_nfs_rw_size_bytes: int = 65536
     bench_min_link_share: float = 0.70
+    # Small random IO is IOPS-bound: only runs with IO of at least this size are compared
+    # with the link rate.
+    bench_min_io_size_kib: int = 1024
     min_free_gib: float = 10.0

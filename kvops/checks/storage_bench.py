@@ -20,6 +20,8 @@ def _results(ctx: Context) -> tuple[list[GdsioResult], list[str]]:
     results: list[GdsioResult] = []
     problems: list[str] = []
     for item_id in (ev.GDSIO_WRITE, ev.GDSIO_READ):
+        if ctx.item(item_id) is None:
+            continue  # not requested; the other run is judged alone
         text = ctx.text(item_id)
         if text is None:
             problems.append(ctx.problem(item_id))
@@ -52,9 +54,14 @@ def check_throughput(ctx: Context) -> list[Finding]:
         return [finding("GDS-050", Severity.SKIP, msg, shown)]
     link_gib_s = max(rates) * GIB_PER_GBIT
     share = ctx.thresholds.bench_min_link_share
+    min_io_kib = ctx.thresholds.bench_min_io_size_kib
+    large = [r for r in direct if r.io_size_kib is not None and r.io_size_kib >= min_io_kib]
+    if not large:
+        msg = f"no GPU-direct run with IO >= {min_io_kib} KiB: bandwidth not judged"
+        return [finding("GDS-050", Severity.SKIP, msg, shown)]
     out = []
     for kind in ("read", "write"):
-        runs = [r for r in direct if r.is_read == (kind == "read")]
+        runs = [r for r in large if r.is_read == (kind == "read")]
         if not runs:
             continue
         best = max(r.throughput_gib_s for r in runs)

@@ -1,0 +1,352 @@
+"""Evidence documents built from recorded real tool outputs (tests/fixtures/), for checks tests
+and for the saved bundles under tests/fixtures/evidence/ (`--from-evidence` tests).
+
+Which parts are recorded and which are made up here:
+- recorded verbatim: gdscheck -p, gdsio result lines, nvidia-fs stats, the ONTAP NFS/RDMA
+  mount line, the default cufile.json template (see each fixture folder's README).
+- derived from a recording by a stated text edit: cufile.json with allow_compat_mode false,
+  nvidia-fs stats after a bench (counters raised), a TCP-fallback mount line.
+- synthetic (no public recording was found): nvidia-smi CSV, /proc/driver/nvidia/version,
+  /proc/modules, sysfs infiniband/IOMMU data, `ip -o addr`, the vLLM unit/env/process, the
+  LMCache YAML, HTTP bodies and the GDS directory summary. They follow the formats named in
+  kvops/evidence.py ITEM_SOURCES and are marked `"synthetic": true` in the item.
+
+`python tests/evidence_builders.py` rewrites tests/fixtures/evidence/; a unit test checks the
+saved files still equal what the builders produce.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+FIXTURES = Path(__file__).parent / "fixtures"
+EVIDENCE_DIR = FIXTURES / "evidence"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+GDS_DIR = "/mnt/lmcache"
+
+
+def fixture(relative: str) -> str:
+    return (FIXTURES / relative).read_text(encoding="utf-8")
+
+
+def command(argv: list[str], stdout: str, exit_code: int = 0, **extra: Any) -> dict[str, Any]:
+    return {
+        "kind": "command",
+        "source": argv,
+        "exit_code": exit_code,
+        "stdout": stdout,
+        "stderr": "",
+        "truncated": False,
+        "duration_s": 0.05,
+        "error": None,
+        **extra,
+    }
+
+
+def file_item(path: str, stdout: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "kind": "file",
+        "source": path,
+        "exit_code": None,
+        "stdout": stdout,
+        "stderr": "",
+        "truncated": False,
+        "duration_s": 0.001,
+        "error": None,
+        **extra,
+    }
+
+
+def data_item(kind: str, source: str, data: dict[str, Any]) -> dict[str, Any]:
+    item = file_item(source, "", synthetic=True)
+    item.update(kind=kind, data=data)
+    return item
+
+
+def http_item(url: str, status: int | None, body: str) -> dict[str, Any]:
+    item = file_item(url, body, synthetic=True)
+    item.update(kind="http", http_status=status)
+    return item
+
+
+NVIDIA_SMI_CSV = (
+    "index, name, driver_version, persistence_mode, pci.bus_id, memory.total [MiB]\n"
+    "0, NVIDIA L40S, 570.124.06, Enabled, 00000000:4A:00.0, 46068 MiB\n"
+)
+PROC_OPEN = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  "
+    "(dvs-builder@U16-I3-B03-4-3)  Fri Mar 14 2025\nGCC version:  gcc version 11.5.0\n"
+)
+PROC_PROPRIETARY = (
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.124.06  Fri Mar 14 2025\n"
+    "GCC version:  gcc version 11.5.0\n"
+)
+PROC_MODULES = (
+    "nvidia_fs 286720 0 - Live 0x0000000000000000 (OE)\n"
+    "rpcrdma 409600 1 - Live 0x0000000000000000\n"
+    "nvidia_uvm 4956160 0 - Live 0x0000000000000000 (OE)\n"
+    "nvidia 9789440 3 nvidia_fs,nvidia_uvm, Live 0x0000000000000000 (OE)\n"
+    "mlx5_ib 483328 0 - Live 0x0000000000000000\n"
+)
+LMCACHE_YAML = f"chunk_size: 256\nlocal_cpu: false\ngds_path: {GDS_DIR}\ngds_buffer_size: 8192\n"
+METRICS = (
+    "# TYPE vllm:num_requests_running gauge\n"
+    f'vllm:num_requests_running{{engine="0",model_name="{MODEL}"}} 0.0\n'
+    "# TYPE lmcache:retrieve_hit_rate gauge\n"
+    'lmcache:retrieve_hit_rate{model_name="x",worker_id="0"} 0.0\n'
+)
+KV_TRANSFER = '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
+
+
+def _cufile(allow_compat: bool = False) -> str:
+    text = fixture("cufile/default-cufile.json")
+    if not allow_compat:
+        text = text.replace('"allow_compat_mode": true', '"allow_compat_mode": false')
+    return text
+
+
+def _nvfs_after_bench() -> str:
+    """The recorded stats with the read/write counters raised as a GDS run would raise them."""
+    text = fixture("nvidia-fs/nvidia-docs-stats-gds1.0-16gpu-mib.txt")
+    text = text.replace("Reads : n=0 ok=0", "Reads : n=312794 ok=312794")
+    return text.replace("Writes : n=0 ok=0", "Writes : n=312794 ok=312794")
+
+
+def healthy() -> dict[str, Any]:
+    """The NetApp ONTAP NFSv4.1/RDMA host (L40S, OpenShift recording) set up as kvops wants."""
+    gdsio = fixture("gdsio/openshift-l40s-netapp-nfs-rdma.txt").splitlines()
+    write_lines = "\n".join(gdsio[-2:]) + "\n"  # the `-i 1M -x 0 -I 1` run
+    read_lines = "\n".join(gdsio[2:4]) + "\n"  # the `-i 4K -x 0 -I 2` run
+    items: dict[str, Any] = {
+        "uname": command(["uname", "-srm"], "Linux 5.14.0-427.65.1.el9_4.x86_64 x86_64\n"),
+        "nvidia_smi": command(["nvidia-smi", "--query-gpu=...", "--format=csv"], NVIDIA_SMI_CSV),
+        "nvidia_driver_version": file_item("/proc/driver/nvidia/version", PROC_OPEN),
+        "modules": file_item("/proc/modules", PROC_MODULES, synthetic=True),
+        "nvfs_version": file_item("/proc/driver/nvidia-fs/version", "version: 2.20.5\n"),
+        "nvfs_stats": file_item(
+            "/proc/driver/nvidia-fs/stats",
+            fixture("nvidia-fs/nvidia-docs-stats-gds1.0-16gpu-mib.txt"),
+        ),
+        "infiniband": data_item(
+            "sysfs",
+            "/sys/class/infiniband",
+            {
+                "devices": [
+                    {
+                        "name": "mlx5_3",
+                        "ports": [
+                            {
+                                "port": 1,
+                                "state": "4: ACTIVE",
+                                "phys_state": "5: LinkUp",
+                                "rate": "25 Gb/sec (1X EDR)",
+                                "link_layer": "Ethernet",
+                                "netdevs": ["net1"],
+                            }
+                        ],
+                    }
+                ]
+            },
+        ),
+        "ip_addr": command(
+            ["ip", "-o", "addr", "show"],
+            "1: lo    inet 127.0.0.1/8 scope host lo\n"
+            "5: net1    inet 192.168.10.30/24 brd 192.168.10.255 scope global net1\n",
+            synthetic=True,
+        ),
+        "mounts": file_item("/proc/mounts", fixture("misc/mount-nfs4-rdma-netapp-ontap.txt")),
+        "cmdline": file_item(
+            "/proc/cmdline", "BOOT_IMAGE=(hd0,gpt2)/vmlinuz root=/dev/sda3 ro\n", synthetic=True
+        ),
+        "iommu": data_item("sysfs", "/sys/kernel/iommu_groups", {"group_count": 0}),
+        "cufile_json": file_item("/etc/cufile.json", _cufile()),
+        "gdscheck": command(
+            ["/usr/local/cuda/gds/tools/gdscheck", "-p"],
+            fixture("gdscheck/openshift-l40s-netapp-nfs-rdma-supported.txt"),
+        ),
+        "nvfs_stats_before_bench": file_item(
+            "/proc/driver/nvidia-fs/stats",
+            fixture("nvidia-fs/nvidia-docs-stats-gds1.0-16gpu-mib.txt"),
+        ),
+        "gdsio_write": command(["gdsio", "-D", f"{GDS_DIR}/kvops-gdsio", "-x", "0"], write_lines),
+        "gdsio_read": command(["gdsio", "-D", f"{GDS_DIR}/kvops-gdsio", "-x", "0"], read_lines),
+        "nvfs_stats_after_bench": file_item("/proc/driver/nvidia-fs/stats", _nvfs_after_bench()),
+        "vllm_unit": command(
+            ["systemctl", "cat", "vllm.service"],
+            f"[Service]\nExecStart=/opt/vllm/bin/vllm serve {MODEL} \\\n"
+            f"    --kv-transfer-config '{KV_TRANSFER}'\n",
+            synthetic=True,
+        ),
+        "vllm_process": data_item(
+            "sysfs",
+            "/proc/4242",
+            {
+                "pid": 4242,
+                "user": "vllm",
+                "argv": ["/opt/vllm/bin/vllm", "serve", MODEL, "--kv-transfer-config", KV_TRANSFER],
+            },
+        ),
+        "vllm_env": data_item(
+            "sysfs",
+            "/proc/4242/environ",
+            {
+                "from": "process",
+                "env": {
+                    "LMCACHE_CONFIG_FILE": "/etc/lmcache/gds.yaml",
+                    "PYTHONHASHSEED": "0",
+                    "PROMETHEUS_MULTIPROC_DIR": "/run/vllm/prometheus",
+                },
+            },
+        ),
+        "lmcache_config": file_item("/etc/lmcache/gds.yaml", LMCACHE_YAML, synthetic=True),
+        "lmcache_version": command(["/opt/vllm/bin/python", "-c", "..."], "0.5.6\n"),
+        "gds_dir": data_item(
+            "dir",
+            GDS_DIR,
+            {
+                "exists": True,
+                "is_dir": True,
+                "file_count": 0,
+                "bytes": 0,
+                "tmp_file_count": 0,
+                "tmp_files": [],
+                "free_bytes": 500 * 2**30,
+                "total_bytes": 1024 * 2**30,
+                "owner": "vllm",
+                "group": "vllm",
+                "mode": "0o2775",
+                "service_user": "vllm",
+                "writable_by_service_user": True,
+            },
+        ),
+        "http_health": http_item("http://127.0.0.1:8000/health", 200, ""),
+        "http_version": http_item("http://127.0.0.1:8000/version", 200, '{"version": "0.34.0"}'),
+        "http_models": http_item(
+            "http://127.0.0.1:8000/v1/models",
+            200,
+            json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}),
+        ),
+        "http_metrics": http_item("http://127.0.0.1:8000/metrics", 200, METRICS),
+    }
+    return {
+        "schema_version": 1,
+        "host": "netapp-rdma-ok",
+        "collected_at": "2026-12-02T14:00:00+00:00",
+        "probe_version": "test-builder",
+        "error": None,
+        "settings": {
+            "gds_dir": GDS_DIR,
+            "vllm_url": "http://127.0.0.1:8000",
+            "vllm_service": "vllm.service",
+            "service_user": "vllm",
+            "expected_model": MODEL,
+            "role": "offload",
+            "storage_bench": True,
+        },
+        "items": items,
+    }
+
+
+def _variant(host: str, edit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    doc = copy.deepcopy(healthy())
+    doc["host"] = host
+    edit(doc["items"])
+    return doc
+
+
+def compat_only() -> dict[str, Any]:
+    """gdscheck says `NFS : compat` (GDS 1.16 docs sample) and nvidia-fs counters stand still."""
+
+    def edit(items: dict[str, Any]) -> None:
+        items["gdscheck"]["stdout"] = fixture(
+            "gdscheck/nvidia-docs-l4-rhel9-gds1.16-nfs-compat.txt"
+        )
+        items["nvfs_stats_after_bench"] = copy.deepcopy(items["nvfs_stats_before_bench"])
+
+    return _variant("compat-only", edit)
+
+
+def tcp_fallback() -> dict[str, Any]:
+    """The ONTAP mount line with proto=tcp,port=2049: the mount silently fell back to TCP."""
+
+    def edit(items: dict[str, Any]) -> None:
+        text = items["mounts"]["stdout"]
+        items["mounts"]["stdout"] = text.replace("proto=rdma", "proto=tcp").replace(
+            "port=20049", "port=2049"
+        )
+
+    return _variant("tcp-fallback", edit)
+
+
+def proprietary_driver() -> dict[str, Any]:
+    def edit(items: dict[str, Any]) -> None:
+        items["nvidia_driver_version"]["stdout"] = PROC_PROPRIETARY
+
+    return _variant("proprietary-driver", edit)
+
+
+def misspelled_cufile_key() -> dict[str, Any]:
+    """`allow_compat_mod`: libcufile ignores it and keeps compat mode allowed."""
+
+    def edit(items: dict[str, Any]) -> None:
+        items["cufile_json"]["stdout"] = _cufile().replace(
+            '"allow_compat_mode": false', '"allow_compat_mod": false'
+        )
+
+    return _variant("misspelled-cufile-key", edit)
+
+
+def wrong_lmcache_buffer_key() -> dict[str, Any]:
+    """LMCache 0.5.6 with the <= 0.4.3 key `cufile_buffer_size`."""
+
+    def edit(items: dict[str, Any]) -> None:
+        items["lmcache_config"]["stdout"] = LMCACHE_YAML.replace(
+            "gds_buffer_size", "cufile_buffer_size"
+        )
+
+    return _variant("wrong-lmcache-buffer-key", edit)
+
+
+def unreachable() -> dict[str, Any]:
+    return {
+        "schema_version": 1,
+        "host": "unreachable",
+        "collected_at": "2026-12-02T14:00:00+00:00",
+        "probe_version": "test-builder",
+        "error": "ssh: connect to 10.0.0.99 port 22: timed out after 10 s",
+        "settings": {},
+        "items": {},
+    }
+
+
+BUNDLE: dict[str, Callable[[], dict[str, Any]]] = {
+    "healthy": healthy,
+    "compat-only": compat_only,
+    "tcp-fallback": tcp_fallback,
+    "proprietary-driver": proprietary_driver,
+    "misspelled-cufile-key": misspelled_cufile_key,
+    "wrong-lmcache-buffer-key": wrong_lmcache_buffer_key,
+}
+
+
+def write_bundles(directory: Path = EVIDENCE_DIR) -> None:
+    """healthy/ (one good host), broken/ (one host per failure), fleet/ (all + unreachable)."""
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from kvops.validate import save_evidence
+
+    for old in directory.glob("*/*.json"):
+        old.unlink()
+    save_evidence(directory / "healthy", [healthy()])
+    save_evidence(
+        directory / "broken", [build() for name, build in BUNDLE.items() if name != "healthy"]
+    )
+    save_evidence(directory / "fleet", [*(build() for build in BUNDLE.values()), unreachable()])
+
+
+if __name__ == "__main__":
+    write_bundles()
