@@ -294,3 +294,66 @@ def hosts_from_list(data: dict[str, Any], limit: str | None = None) -> list[Inve
                 host.warnings.append(f"{key} is an unrendered Jinja template; kvops uses it as is")
         hosts.append(host)
     return hosts
+
+
+# --- kvops probe settings from host variables (documented in README, `kvops validate`) ---
+DEFAULT_VLLM_URL = "http://127.0.0.1:8000"
+DEFAULT_VLLM_SERVICE = "vllm.service"
+DEFAULT_GDSIO = {"size": "1G", "io_size": "1M", "threads": "8", "gpu": "0"}
+SETTING_VARS = {  # Settings key -> host variable
+    "gds_dir": "kvops_gds_dir",
+    "vllm_url": "kvops_vllm_url",
+    "vllm_service": "kvops_vllm_service",
+    "service_user": "kvops_service_user",
+    "lmcache_config_path": "kvops_lmcache_config",
+    "expected_model": "kvops_expected_model",
+    "cufile_json_path": "kvops_cufile_json",
+}
+GDSIO_VARS = {"size": "kvops_gdsio_size", "io_size": "kvops_gdsio_io_size"}
+GDSIO_VARS.update(threads="kvops_gdsio_threads", gpu="kvops_gdsio_gpu")
+
+
+def host_role(host: InventoryHost) -> str:
+    """`kvops_role`, else membership of a group named `baseline`/`offload`, else offload."""
+    role = host.vars.get("kvops_role")
+    if role in ("baseline", "offload"):
+        return str(role)
+    if "baseline" in host.groups and "offload" not in host.groups:
+        return "baseline"
+    return "offload"
+
+
+def probe_settings(
+    host: InventoryHost, storage_bench: bool = False, gdsio: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The evidence `Settings` for a host (what the probe looks at, what checks expect)."""
+    settings: dict[str, Any] = {
+        "vllm_url": DEFAULT_VLLM_URL,
+        "vllm_service": DEFAULT_VLLM_SERVICE,
+    }
+    for key, var in SETTING_VARS.items():
+        if host.vars.get(var) not in (None, ""):
+            settings[key] = str(host.vars[var])
+    settings["role"] = host_role(host)
+    settings["storage_bench"] = bool(storage_bench)
+    args = dict(DEFAULT_GDSIO)
+    args.update({k: str(host.vars[v]) for k, v in GDSIO_VARS.items() if host.vars.get(v)})
+    args.update({k: v for k, v in (gdsio or {}).items() if v})
+    settings["gdsio_args"] = args
+    return settings
+
+
+def probe_options(host: InventoryHost) -> dict[str, Any]:
+    """Probe-only options: path roots (the recorded-tree seam), extra tool dirs, timeouts."""
+    opts: dict[str, Any] = {}
+    roots = host.vars.get("kvops_probe_roots")
+    if isinstance(roots, dict):
+        opts["roots"] = {k: str(v) for k, v in roots.items() if k in ("proc", "sys", "etc")}
+    dirs = host.vars.get("kvops_probe_tool_dirs")
+    if dirs:
+        opts["tool_dirs"] = [str(d) for d in (dirs if isinstance(dirs, list) else [dirs])]
+    for key in ("command_timeout_s", "http_timeout_s", "bench_timeout_s"):
+        value = host.vars.get(f"kvops_probe_{key}")
+        if value is not None and value != "":
+            opts[key] = float(value)
+    return opts
