@@ -25,3 +25,7 @@ def main() -> None:
 from kvops.cli.smoke import smoke  # noqa: E402
 
 main.add_command(smoke)
+
+from kvops.cli.parse import parse  # noqa: E402
+
+main.add_command(parse)
