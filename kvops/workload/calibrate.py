@@ -89,7 +89,8 @@ async def learn_alphabet(
                 )
             alphabet = Alphabet(ids=tuple(sorted(set(ids))))
             how = f"token-id prompts from {len(alphabet.ids)} ids learned through /tokenize"
-        ok, why = await _accepts_token_ids(session, endpoint, list(alphabet.ids[:8]))
+        probe_ids = [alphabet.id_at(i) for i in range(min(8, alphabet.size))]
+        ok, why = await _accepts_token_ids(session, endpoint, probe_ids)
         if ok:
             return alphabet, how
         how_fallback = f"server refused token-id prompts ({why[:80]}); "

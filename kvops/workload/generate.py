@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -31,10 +32,38 @@ class Alphabet:
     ids: tuple[int, ...] = ()
     words: tuple[str, ...] = ()
     special_tokens: int = 0
+    id_range: tuple[int, int] | None = None
 
     @property
     def is_text(self) -> bool:
         return bool(self.words)
+
+    @property
+    def size(self) -> int:
+        if self.id_range is not None:
+            return self.id_range[1] - self.id_range[0]
+        return len(self.words) if self.is_text else len(self.ids)
+
+    def id_at(self, i: int) -> int:
+        return self.id_range[0] + i if self.id_range is not None else self.ids[i]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ids": list(self.ids),
+            "words": list(self.words),
+            "special_tokens": self.special_tokens,
+            "id_range": list(self.id_range) if self.id_range else None,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Alphabet:
+        rng = d.get("id_range")
+        return cls(
+            ids=tuple(d.get("ids") or ()),
+            words=tuple(d.get("words") or ()),
+            special_tokens=int(d.get("special_tokens") or 0),
+            id_range=(int(rng[0]), int(rng[1])) if rng else None,
+        )
 
     @classmethod
     def from_vocab_size(cls, vocab_size: int) -> Alphabet:
@@ -42,7 +71,7 @@ class Alphabet:
         if vocab_size < 2:
             raise ValueError("vocabulary size must be at least 2")
         low = 16 if vocab_size > 64 else 0
-        return cls(ids=tuple(range(low, vocab_size)))
+        return cls(id_range=(low, vocab_size))
 
 
 @dataclass
@@ -57,14 +86,13 @@ class PlannedRequest:
 
 def _draw(alphabet: Alphabet, n: int, key: Sequence[int]) -> list[int]:
     rng = np.random.default_rng(list(key))
-    size = len(alphabet.ids) if alphabet.ids else len(alphabet.words)
-    return [int(i) for i in rng.integers(0, size, n)]
+    return [int(i) for i in rng.integers(0, alphabet.size, n)]
 
 
 def _render(alphabet: Alphabet, picks: list[int]) -> list[int] | str:
     if alphabet.is_text:
         return "".join(" " + alphabet.words[i] for i in picks)
-    return [alphabet.ids[i] for i in picks]
+    return [alphabet.id_at(i) for i in picks]
 
 
 def _join(head: list[int] | str, tail: list[int] | str) -> list[int] | str:

@@ -1,0 +1,179 @@
+"""What each arm is, as the arm itself reports it, and the differences that are not offload.
+
+Why: an A/B comparison is only about offload if the arms differ only in offload. A real case:
+a connector-enabled vLLM silently took twice the CPU threads of its baseline and looked 2x
+faster for reasons unrelated to offload. kvops cannot see everything, but it records and
+compares everything the server says about itself: `/version`, the served model (and its
+max_model_len), and the labels of `vllm:cache_config_info` other than the KV-connector ones.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+from kvops.parse.prometheus import parse_prometheus_text
+
+# cache_config_info labels that legitimately differ between a baseline and an offload arm
+_OFFLOAD_LABEL = re.compile(r"kv_transfer|connector|offload|lmcache|kv_role|engine", re.I)
+
+
+class ArmUnreachable(RuntimeError):
+    """An arm's URL does not answer at the start of a run (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    url: str
+    model: str | None = None
+
+
+@dataclass
+class ArmInfo:
+    """Self-description of an arm, saved in the run directory and compared across arms."""
+
+    name: str
+    url: str
+    version: str | None = None
+    models: list[str] = field(default_factory=list)
+    max_model_len: int | None = None
+    cache_config: dict[str, str] = field(default_factory=dict)
+    has_metrics: bool = False
+    has_reset: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def model(self) -> str | None:
+        return self.models[0] if self.models else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_arm(text: str) -> Arm:
+    """`name=URL` (as given to --arm)."""
+    name, sep, url = text.partition("=")
+    name, url = name.strip(), url.strip()
+    if not sep or not name or not url.startswith(("http://", "https://")):
+        raise ValueError(f"--arm {text!r}: expected NAME=http://HOST:PORT")
+    return Arm(name, url.rstrip("/"))
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=15)) as resp:
+        return resp.status, await resp.text(errors="replace")
+
+
+async def fetch_arm_info(session: aiohttp.ClientSession, arm: Arm) -> ArmInfo:
+    """Ask the arm who it is. Raises ArmUnreachable if `/v1/models` cannot be reached at all."""
+    info = ArmInfo(arm.name, arm.url)
+    try:
+        status, body = await _get(session, arm.url + "/v1/models")
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise ArmUnreachable(
+            f"arm {arm.name}: cannot reach {arm.url} ({type(exc).__name__}: {exc}); "
+            "is the server running and the URL right?"
+        ) from None
+    if status != 200:
+        raise ArmUnreachable(f"arm {arm.name}: {arm.url}/v1/models answered HTTP {status}")
+    _read_models(info, body)
+    if arm.model:
+        info.models = [arm.model] + [m for m in info.models if m != arm.model]
+    for path, reader in (("/version", _read_version), ("/metrics", _read_metrics)):
+        try:
+            status, body = await _get(session, arm.url + path)
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            info.notes.append(f"{path} unreachable")
+            continue
+        if status == 200:
+            reader(info, body)
+        else:
+            info.notes.append(f"{path}: HTTP {status}")
+    return info
+
+
+def _read_models(info: ArmInfo, body: str) -> None:
+    import json
+
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return
+    for m in data.get("data", []) if isinstance(data, dict) else []:
+        if isinstance(m, dict) and isinstance(m.get("id"), str):
+            info.models.append(m["id"])
+            if info.max_model_len is None and isinstance(m.get("max_model_len"), int):
+                info.max_model_len = m["max_model_len"]
+
+
+def _read_version(info: ArmInfo, body: str) -> None:
+    import json
+
+    try:
+        data = json.loads(body)
+    except ValueError:
+        info.version = body.strip()[:80] or None
+        return
+    version = data.get("version") if isinstance(data, dict) else None
+    info.version = str(version) if version is not None else None
+
+
+def _read_metrics(info: ArmInfo, body: str) -> None:
+    parsed = parse_prometheus_text(body)
+    info.has_metrics = True
+    for sample in parsed.find("vllm:cache_config_info"):
+        info.cache_config.update(sample.labels)
+
+
+def arm_differences(infos: list[ArmInfo]) -> list[str]:
+    """Warnings for every difference between arms other than the offload setting."""
+    if len(infos) < 2:
+        return []
+    base = infos[0]
+    warnings: list[str] = []
+    for other in infos[1:]:
+        pair = f"{base.name} vs {other.name}"
+        if base.version != other.version:
+            warnings.append(f"{pair}: server version differs ({base.version} vs {other.version})")
+        if base.model != other.model:
+            warnings.append(f"{pair}: served model differs ({base.model} vs {other.model})")
+        if base.max_model_len != other.max_model_len:
+            warnings.append(
+                f"{pair}: max_model_len differs ({base.max_model_len} vs {other.max_model_len})"
+            )
+        keys = sorted(set(base.cache_config) | set(other.cache_config))
+        for key in keys:
+            if _OFFLOAD_LABEL.search(key):
+                continue
+            a, b = base.cache_config.get(key), other.cache_config.get(key)
+            if a != b:
+                warnings.append(f"{pair}: cache_config_info {key} differs ({a} vs {b})")
+        if base.has_metrics != other.has_metrics:
+            warnings.append(f"{pair}: only one arm exposes /metrics")
+    return warnings
+
+
+async def reset_prefix_cache(session: aiohttp.ClientSession, info: ArmInfo) -> bool:
+    """POST /reset_prefix_cache (vLLM needs VLLM_SERVER_DEV_MODE=1 for it); retried a few
+    times since vLLM answers success=false while blocks are held. False when unavailable."""
+    if info.has_reset is False:
+        return False
+    for _ in range(3):
+        try:
+            async with session.post(
+                info.url + "/reset_prefix_cache", timeout=aiohttp.ClientTimeout(total=30)
+            ) as resp:
+                if resp.status in (404, 405):
+                    info.has_reset = False
+                    return False
+                text = await resp.text()
+                info.has_reset = resp.status == 200
+                if resp.status == 200 and '"success":false' not in text.replace(" ", ""):
+                    return True
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+    return False

@@ -1,0 +1,134 @@
+"""Two embedded simulated engines (offload off and on, same profile) for runs with no --arm.
+
+Why subprocesses: each engine is its own process like a real vLLM, so the client's timing
+sees real HTTP and real scheduling, and an engine can be stopped (or killed) independently.
+Each starts in its own process group and is stopped with SIGTERM then SIGKILL, also when the
+run fails or is interrupted; its output goes to a log file in the run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvops.abtest.arms import Arm
+
+OFFLOAD_CONFIG = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
+
+
+@dataclass(frozen=True)
+class SimProfile:
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100-sxm-80gb"
+    storage: str = "ontap-nfs-rdma-200g"
+    time_scale: float = 0.05
+    seed: int = 0
+
+
+class EngineStartError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class EmbeddedEngines:
+    """Context manager: `with EmbeddedEngines(run_dir, scale) as arms: ...`."""
+
+    log_dir: Path
+    kv_capacity_scale: float
+    profile: SimProfile = field(default_factory=SimProfile)
+    startup_timeout_s: float = 60.0
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def command(self, port: int, offload: bool) -> list[str]:
+        p = self.profile
+        cmd = [
+            sys.executable, "-m", "kvops", "sim", "serve", "--host", "127.0.0.1",
+            "--port", str(port), "--model", p.model, "--gpu", p.gpu, "--storage", p.storage,
+            "--time-scale", f"{p.time_scale:g}", "--kv-capacity-scale",
+            f"{self.kv_capacity_scale:g}", "--seed", str(p.seed),
+        ]  # fmt: skip
+        if offload:
+            cmd += ["--kv-transfer-config", OFFLOAD_CONFIG]
+        return cmd
+
+    def start(self) -> list[Arm]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        arms: list[Arm] = []
+        for name, offload in (("baseline", False), ("offload", True)):
+            port = free_port()
+            log = (self.log_dir / f"sim-{name}.log").open("wb")
+            proc = subprocess.Popen(
+                self.command(port, offload),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONHASHSEED": "0"},
+            )
+            log.close()
+            self.procs.append(proc)
+            arms.append(Arm(name, f"http://127.0.0.1:{port}"))
+        for arm, proc in zip(arms, self.procs, strict=True):
+            self._wait_ready(arm, proc)
+        return arms
+
+    def _wait_ready(self, arm: Arm, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise EngineStartError(
+                    f"embedded sim engine '{arm.name}' exited with code {proc.returncode}; "
+                    f"see {self.log_dir / f'sim-{arm.name}.log'}"
+                )
+            try:
+                with urllib.request.urlopen(arm.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise EngineStartError(
+            f"embedded sim engine '{arm.name}' not ready after {self.startup_timeout_s:g} s"
+        )
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        deadline = time.monotonic() + 5.0
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()
+
+    def __enter__(self) -> list[Arm]:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,216 @@
+"""Orchestrating an A/B run: arms x trials (ABBA order) x iterations, with warm-up and resets.
+
+Why this shape:
+- ABBA: trial t runs the arms in order when t is even and reversed when odd, so a slow drift of
+  the machine (thermal, background load, growing storage) falls equally on both arms.
+- Arms run one at a time: two engines loaded together would compete for the same host.
+- Warm-up: the first `warmup_iterations` of each trial are sent and recorded but flagged, and
+  metrics leave them out: they measure cache filling, not the steady state being compared.
+- Cache resets (`/reset_prefix_cache`, where the server has it) before each segment give every
+  segment the same cold GPU cache; a server without it gets a note, not a failure.
+- Every record is written as it completes; a segment is marked done only when it finished, so
+  `--resume` re-runs exactly the unfinished segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from kvops.abtest.arms import Arm, ArmInfo, arm_differences, fetch_arm_info, reset_prefix_cache
+from kvops.abtest.rundir import RunDir
+from kvops.loadgen.client import Endpoint, make_session
+from kvops.loadgen.record import JsonlWriter, RequestRecord
+from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner
+from kvops.workload.calibrate import learn_alphabet
+from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
+from kvops.workload.schedule import arrival_offsets_s, batch_groups
+from kvops.workload.spec import WorkloadSpec
+
+
+class ExperimentError(RuntimeError):
+    """A run that cannot start as configured (clear message, exit code 2)."""
+
+
+@dataclass
+class Options:
+    trials: int = 2
+    warmup_iterations: int = 1
+    reset_cache: bool = True
+    timeout_s: float = 600.0
+    stall_timeout_s: float = 60.0
+    vocab_size: int | None = None
+    text_prompts: bool = False
+    api: str = "completions"
+    grace_s: float = 5.0
+
+    def to_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+def segment_plan(
+    scenarios: list[WorkloadSpec], arms: list[Arm], trials: int
+) -> list[tuple[WorkloadSpec, int, Arm]]:
+    """(scenario, trial, arm) in execution order: ABBA within each scenario."""
+    plan: list[tuple[WorkloadSpec, int, Arm]] = []
+    for spec in scenarios:
+        for trial in range(trials):
+            order = arms if trial % 2 == 0 else list(reversed(arms))
+            plan.extend((spec, trial, arm) for arm in order)
+    return plan
+
+
+@dataclass
+class Hooks:
+    """How the run talks to whoever is watching (the CLI's progress bar and stderr)."""
+
+    on_start: Callable[[int], None] = lambda total: None
+    on_record: Callable[[RequestRecord], None] = lambda rec: None
+    on_segment: Callable[[str], None] = lambda text: None
+    warn: Callable[[str], None] = lambda text: None
+
+
+@dataclass
+class Experiment:
+    run_dir: RunDir
+    arms: list[Arm]
+    scenarios: list[WorkloadSpec]
+    options: Options
+    hooks: Hooks = field(default_factory=Hooks)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    infos: list[ArmInfo] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    stats: ClientStats = field(default_factory=ClientStats)
+
+    def _warn(self, text: str) -> None:
+        if text not in self.warnings:
+            self.warnings.append(text)
+            self.hooks.warn(text)
+
+    async def run(self) -> None:
+        """Run every unfinished segment. Raises ArmUnreachable / ExperimentError before the
+        first request when arms or workloads are unusable."""
+        attempt = self.run_dir.add_attempt()
+        async with make_session() as session:
+            self.infos = [await fetch_arm_info(session, arm) for arm in self.arms]
+            self.run_dir.record_arms(attempt, [i.to_dict() for i in self.infos])
+            for w in arm_differences(self.infos):
+                self._warn(w)
+            self._check_fit()
+            alphabet = await self._alphabet(session)
+            done = self.run_dir.done_segments()
+            todo = [
+                (spec, trial, arm)
+                for spec, trial, arm in segment_plan(self.scenarios, self.arms, self.options.trials)
+                if (spec.name, trial, arm.name) not in done
+            ]
+            self.hooks.on_start(sum(s.total_requests for s, _, _ in todo))
+            prefixes = {s.name: make_prefixes(s, alphabet) for s in self.scenarios}
+            with self.run_dir.record_writer() as records, self.run_dir.segment_writer() as segs:
+                for spec, trial, arm in todo:
+                    if self.stop.is_set():
+                        self.interrupted = True
+                        break
+                    await self._segment(
+                        session,
+                        spec,
+                        trial,
+                        arm,
+                        alphabet,
+                        prefixes[spec.name],
+                        attempt,
+                        records,
+                        segs,
+                    )
+            if self.stop.is_set():
+                self.interrupted = True
+
+    def _info(self, arm: Arm) -> ArmInfo:
+        return next(i for i in self.infos if i.name == arm.name)
+
+    def _check_fit(self) -> None:
+        for info in self.infos:
+            if not info.model:
+                raise ExperimentError(f"arm {info.name}: /v1/models lists no model")
+            for spec in self.scenarios:
+                need = spec.prompt_tokens + spec.output_tokens
+                if info.max_model_len is not None and need > info.max_model_len:
+                    raise ExperimentError(
+                        f"scenario {spec.name}: prompt + output = {need} tokens exceeds arm "
+                        f"{info.name}'s max_model_len {info.max_model_len}; use --scale"
+                    )
+
+    async def _alphabet(self, session: aiohttp.ClientSession) -> Alphabet:
+        saved = self.run_dir.load_alphabet()
+        if saved is not None:
+            return saved[0]
+        first = self.infos[0]
+        endpoint = Endpoint(first.url, first.model or "", self.options.api)
+        alphabet, how = await learn_alphabet(
+            session, endpoint, vocab_size=self.options.vocab_size,
+            text_prompts=self.options.text_prompts or self.options.api == "chat",
+        )  # fmt: skip
+        self.run_dir.save_alphabet(alphabet, how)
+        self.hooks.on_segment(f"prompts: {how}")
+        return alphabet
+
+    async def _segment(
+        self,
+        session: aiohttp.ClientSession,
+        spec: WorkloadSpec,
+        trial: int,
+        arm: Arm,
+        alphabet: Alphabet,
+        prefixes: list[list[int] | str],
+        attempt: str,
+        records: JsonlWriter,
+        segs: JsonlWriter,
+    ) -> None:
+        info = self._info(arm)
+        opts = self.options
+        self.hooks.on_segment(f"{spec.name}: trial {trial + 1}/{opts.trials}, arm {arm.name}")
+        if opts.reset_cache and not await reset_prefix_cache(session, info):
+            self._warn(
+                f"arm {arm.name}: no usable /reset_prefix_cache (vLLM needs "
+                "VLLM_SERVER_DEV_MODE=1); caches were not reset between trials"
+            )
+        stats = ClientStats()
+
+        def on_record(rec: RequestRecord) -> None:
+            records.write_record(rec)
+            self.hooks.on_record(rec)
+
+        runner = Runner(
+            session, Endpoint(info.url, info.model or "", opts.api),
+            on_record=on_record,
+            timeout_s=opts.timeout_s, stall_timeout_s=opts.stall_timeout_s,
+            stop=self.stop, grace_s=opts.grace_s, stats=stats,
+        )  # fmt: skip
+        monitor = LoopLagMonitor(stats)
+        monitor.start()
+        try:
+            for iteration in range(spec.iterations):
+                labels = Labels(
+                    arm.name, spec.name, trial, attempt, iteration < opts.warmup_iterations
+                )
+                planned = plan_iteration(spec, alphabet, prefixes, trial=trial, iteration=iteration)
+                if spec.rate is None:
+                    for group in batch_groups(len(planned), spec.batch_size):
+                        await runner.run_group([planned[i] for i in group], labels)
+                else:
+                    offsets = arrival_offsets_s(spec, len(planned), key=(trial, iteration))
+                    await runner.run_group(planned, labels, offsets, spec.max_concurrency)
+                if self.stop.is_set():
+                    return
+        finally:
+            await monitor.stop()
+            self.stats.merge(stats)
+        summary = stats.summary()
+        segs.write_obj(
+            {"status": "done", "scenario": spec.name, "trial": trial, "arm": arm.name,
+             "attempt": attempt, "client": summary}
+        )  # fmt: skip

@@ -1,0 +1,194 @@
+"""The results document (results.json), rebuilt from the run directory's files alone.
+
+Why from files: the same function serves a finished run, a run stopped with Ctrl-C and a resumed
+one, so what the report says is always what the records say. Schema (versioned; additions only
+within a version):
+
+  schema_version: 1
+  status: complete | interrupted | incomplete
+  arms: [{name, url, version, model, max_model_len, cache_config}]     (latest attempt)
+  warnings: [str]                                    (arm differences, missing resets, ...)
+  scenarios: {<preset or custom>: {
+      workload: {spec},
+      verdict: helps | hurts | no significant difference | not enough data   (first candidate)
+      arms: {<arm>: {metrics: {completed, errors, duration_s, total_token_throughput_tok_s,
+                               output_throughput_tok_s, request_throughput_req_s,
+                               mean|median|std|p90|p99 _ ttft|tpot|itl|e2el _ms,
+                               cached_token_share (None = not reported), [request_goodput_req_s]},
+                     errors_total, errors_by_reason, warmup_requests, per_iteration, per_batch}},
+      comparisons: [{metric, baseline, candidate (values), baseline_arm, candidate_arm,
+                     delta_pct, ci95_low_pct, ci95_high_pct, verdict, higher_is_better,
+                     resample_unit}]}}
+  client: {dispatch_lag_mean_ms, dispatch_lag_p99_ms, dispatch_lag_max_ms, loop_lag_mean_ms,
+           loop_lag_p99_ms, max_in_flight, workers, bottleneck, bottleneck_reason}
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvops import __version__
+from kvops.abtest.rundir import RunDir
+from kvops.loadgen.record import RequestRecord, iter_jsonl, read_records
+from kvops.loadgen.runner import ClientStats
+from kvops.metrics import compare_arms, compute_metrics, overall_verdict
+
+SCHEMA_VERSION = 1
+Clusters = list[list[RequestRecord]]
+
+
+@dataclass
+class ResultSet:
+    doc: dict[str, Any]
+    # scenario -> arm -> measured (non-warm-up) records of the counted attempts
+    measured: dict[str, dict[str, list[RequestRecord]]] = field(default_factory=dict)
+
+    @property
+    def any_errors(self) -> bool:
+        return any(
+            a["errors_total"] > 0
+            for s in self.doc["scenarios"].values()
+            for a in s["arms"].values()
+        )
+
+
+def _select(
+    records: list[RequestRecord], done: dict[tuple[str, int, str], str]
+) -> list[RequestRecord]:
+    """Keep, per (scenario, trial, arm), the finished attempt, else the latest one seen."""
+    latest: dict[tuple[str, int, str], str] = {}
+    for r in records:
+        key = (r.scenario, r.trial, r.arm)
+        latest[key] = max(latest.get(key, ""), r.attempt)
+    chosen = {**latest, **done}
+    return [r for r in records if chosen.get((r.scenario, r.trial, r.arm)) == r.attempt]
+
+
+def _groups(records: list[RequestRecord], key: Any) -> Clusters:
+    out: dict[Any, list[RequestRecord]] = defaultdict(list)
+    for r in records:
+        out[key(r)].append(r)
+    return [out[k] for k in sorted(out)]
+
+
+def _arm_block(
+    recs: list[RequestRecord], slo: dict[str, float] | None
+) -> tuple[dict[str, Any], Clusters]:
+    measured = [r for r in recs if not r.warmup]
+    trials = _groups(measured, lambda r: r.trial)
+    clusters = _groups(measured, lambda r: (r.trial, r.iteration, r.batch))
+    reasons = Counter((r.error or "")[:120] for r in recs if not r.ok)
+    per_batch = [
+        {"trial": c[0].trial, "iteration": c[0].iteration, "batch": c[0].batch,
+         **_brief(compute_metrics([c]))}
+        for c in _groups(recs, lambda r: (r.trial, r.iteration, r.batch))
+    ]  # fmt: skip
+    per_iteration = [
+        {"iteration": g[0].iteration, "warmup": g[0].warmup,
+         **_brief(compute_metrics(_groups(g, lambda r: r.trial)))}
+        for g in _groups(recs, lambda r: r.iteration)
+    ]  # fmt: skip
+    block = {
+        "metrics": compute_metrics(trials, slo),
+        "errors_total": sum(reasons.values()),
+        "errors_by_reason": dict(reasons.most_common(10)),
+        "warmup_requests": sum(1 for r in recs if r.warmup),
+        "per_iteration": per_iteration,
+        "per_batch": per_batch,
+    }
+    return block, clusters
+
+
+def _brief(m: dict[str, Any]) -> dict[str, Any]:
+    keys = ("completed", "errors", "total_token_throughput_tok_s", "mean_ttft_ms", "mean_itl_ms")
+    return {k: m.get(k) for k in keys}
+
+
+def client_summary(run_dir: RunDir, records: list[RequestRecord]) -> dict[str, Any]:
+    stats = ClientStats(
+        dispatch_lags_ms=[r.dispatch_lag_ms for r in records if r.dispatch_lag_ms is not None]
+    )
+    seg_clients = [
+        d["client"] for d in iter_jsonl(run_dir.segments_path) if isinstance(d.get("client"), dict)
+    ]
+    summary = stats.summary()
+    if seg_clients:
+        summary["loop_lag_mean_ms"] = float(np.mean([c["loop_lag_mean_ms"] for c in seg_clients]))
+        summary["loop_lag_p99_ms"] = float(max(c["loop_lag_p99_ms"] for c in seg_clients))
+        summary["max_in_flight"] = int(max(c["max_in_flight"] for c in seg_clients))
+        summary["workers"] = int(max(c.get("workers", 1) for c in seg_clients))
+        reasons = [c["bottleneck_reason"] for c in seg_clients if c.get("bottleneck")]
+        if summary["bottleneck"] and summary["bottleneck_reason"]:
+            reasons.insert(0, summary["bottleneck_reason"])
+        summary["bottleneck"] = bool(reasons)
+        summary["bottleneck_reason"] = "; ".join(dict.fromkeys(reasons)) or None
+    return summary
+
+
+def build_results(
+    run_dir: RunDir,
+    *,
+    seed: int = 0,
+    slo: dict[str, float] | None = None,
+    status: str = "complete",
+    warnings: list[str] | None = None,
+) -> ResultSet:
+    run, specs = run_dir.load_run()
+    done = run_dir.done_segments()
+    records = _select(read_records(run_dir.records_path), done)
+    arm_names = [a["name"] for a in run["arms"]]
+    history = run_dir.read_json("arms.json") or {}
+    latest_infos = history[max(history)] if history else []
+    result = ResultSet(doc={})
+    scenarios: dict[str, Any] = {}
+    for spec in specs:
+        by_arm = {
+            a: [r for r in records if r.scenario == spec.name and r.arm == a] for a in arm_names
+        }
+        blocks: dict[str, Any] = {}
+        clusters: dict[str, Clusters] = {}
+        for a in arm_names:
+            blocks[a], clusters[a] = _arm_block(by_arm[a], slo)
+        result.measured[spec.name] = {a: [r for r in by_arm[a] if not r.warmup] for a in arm_names}
+        comparisons = []
+        base = arm_names[0]
+        for cand in arm_names[1:]:
+            comparisons += compare_arms(
+                (base, clusters[base], blocks[base]["metrics"]),
+                (cand, clusters[cand], blocks[cand]["metrics"]),
+                seed=seed,
+            )
+        first = [
+            c
+            for c in comparisons
+            if c.candidate_arm == (arm_names[1] if len(arm_names) > 1 else "")
+        ]
+        scenarios[spec.name] = {
+            "workload": spec.to_dict(),
+            "verdict": overall_verdict(first),
+            "arms": blocks,
+            "comparisons": [c.to_dict() for c in comparisons],
+        }
+    result.doc = {
+        "schema_version": SCHEMA_VERSION,
+        "kvops_version": __version__,
+        "status": status,
+        "run_dir": str(run_dir.path),
+        "arms": [
+            {
+                k: i.get(k)
+                for k in ("name", "url", "version", "models", "max_model_len", "cache_config")
+            }
+            for i in latest_infos
+        ],
+        "embedded_engines": bool(run.get("embedded")),
+        "options": run.get("options", {}),
+        "warnings": list(warnings or []),
+        "scenarios": scenarios,
+        "client": client_summary(run_dir, records),
+    }
+    return result

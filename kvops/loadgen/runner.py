@@ -1,0 +1,199 @@
+"""Releasing a group of requests on schedule and watching the client's own health.
+
+Why measure the client: a load generator that falls behind reports its own slowness as server
+latency. Every record carries its dispatch lag (scheduled release -> actual send) and the
+in-flight count at send, and a monitor samples event-loop lag (how late a 5 ms timer fires);
+`ClientStats.summary()` turns those into a plain "the client was / was not the bottleneck".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from kvops.loadgen.client import Endpoint, send_request
+from kvops.loadgen.record import RequestRecord
+from kvops.workload.generate import PlannedRequest
+
+LOOP_TICK_S = 0.005
+# Thresholds past which client timing error could exceed ~1 ms (documented in the report).
+LOOP_LAG_P99_LIMIT_MS = 5.0
+LOOP_LAG_MEAN_LIMIT_MS = 1.0
+DISPATCH_LAG_MEAN_LIMIT_MS = 10.0
+
+
+@dataclass
+class Labels:
+    """Where a request sits in the experiment; copied into each record."""
+
+    arm: str = ""
+    scenario: str = ""
+    trial: int = 0
+    attempt: str = ""
+    warmup: bool = False
+
+
+@dataclass
+class ClientStats:
+    dispatch_lags_ms: list[float] = field(default_factory=list)
+    loop_lags_ms: list[float] = field(default_factory=list)
+    max_in_flight: int = 0
+    workers: int = 1
+
+    def merge(self, other: ClientStats) -> None:
+        self.dispatch_lags_ms += other.dispatch_lags_ms
+        self.loop_lags_ms += other.loop_lags_ms
+        self.max_in_flight = max(self.max_in_flight, other.max_in_flight)
+
+    def summary(self) -> dict[str, object]:
+        d = np.asarray(self.dispatch_lags_ms or [0.0])
+        loop = np.asarray(self.loop_lags_ms or [0.0])
+        reasons = []
+        if float(np.percentile(loop, 99)) > LOOP_LAG_P99_LIMIT_MS:
+            reasons.append(f"event-loop lag p99 {np.percentile(loop, 99):.1f} ms")
+        if float(loop.mean()) > LOOP_LAG_MEAN_LIMIT_MS:
+            reasons.append(f"event-loop lag mean {loop.mean():.2f} ms")
+        if float(d.mean()) > DISPATCH_LAG_MEAN_LIMIT_MS:
+            reasons.append(f"dispatch lag mean {d.mean():.1f} ms")
+        return {
+            "dispatch_lag_mean_ms": float(d.mean()),
+            "dispatch_lag_p99_ms": float(np.percentile(d, 99)),
+            "dispatch_lag_max_ms": float(d.max()),
+            "loop_lag_mean_ms": float(loop.mean()),
+            "loop_lag_p99_ms": float(np.percentile(loop, 99)),
+            "max_in_flight": self.max_in_flight,
+            "workers": self.workers,
+            "bottleneck": bool(reasons),
+            "bottleneck_reason": "; ".join(reasons) or None,
+        }
+
+
+class LoopLagMonitor:
+    """Samples how late a short timer fires: a busy client loop delays chunk timestamps too."""
+
+    def __init__(self, stats: ClientStats) -> None:
+        self.stats = stats
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(LOOP_TICK_S)
+            self.stats.loop_lags_ms.append(max(0.0, (time.perf_counter() - t - LOOP_TICK_S) * 1e3))
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+@dataclass
+class Runner:
+    """Sends planned requests to one endpoint and hands each record to `on_record` at once."""
+
+    session: aiohttp.ClientSession
+    endpoint: Endpoint
+    on_record: Callable[[RequestRecord], None]
+    timeout_s: float = 600.0
+    stall_timeout_s: float | None = 60.0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    grace_s: float = 5.0
+    stats: ClientStats = field(default_factory=ClientStats)
+    in_flight: int = 0
+
+    def _record(self, p: PlannedRequest, labels: Labels, scheduled: float) -> RequestRecord:
+        return RequestRecord(
+            request_id=labels.attempt + p.request.request_id,
+            arm=labels.arm,
+            scenario=labels.scenario,
+            trial=labels.trial,
+            iteration=p.iteration,
+            batch=p.batch,
+            attempt=labels.attempt,
+            warmup=labels.warmup,
+            scheduled_perf_s=scheduled,
+        )
+
+    async def _one(self, p: PlannedRequest, rec: RequestRecord) -> RequestRecord:
+        self.in_flight += 1
+        rec.in_flight_at_send = self.in_flight
+        self.stats.max_in_flight = max(self.stats.max_in_flight, self.in_flight)
+        try:
+            await send_request(
+                self.session,
+                self.endpoint,
+                p.request,
+                timeout_s=self.timeout_s,
+                stall_timeout_s=self.stall_timeout_s,
+                record=rec,
+            )
+        finally:
+            self.in_flight -= 1
+            if rec.dispatch_lag_ms is not None:
+                self.stats.dispatch_lags_ms.append(rec.dispatch_lag_ms)
+            self.on_record(rec)
+        return rec
+
+    async def run_group(
+        self,
+        planned: Sequence[PlannedRequest],
+        labels: Labels,
+        offsets_s: Sequence[float] | None = None,
+        max_concurrency: int | None = None,
+    ) -> list[RequestRecord]:
+        """Release `planned` together (or at `offsets_s` after now) and wait for all of them.
+
+        When `stop` is set, nothing more is released; streams in flight get `grace_s` to
+        finish, then are cancelled and recorded as such."""
+        if self.stop.is_set():
+            return []
+        for p in planned:
+            p.request.body(self.endpoint)  # encode before the clock starts
+        sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        start = time.perf_counter()
+        records: list[RequestRecord] = []
+
+        async def release(i: int, p: PlannedRequest) -> None:
+            due = start + (offsets_s[i] if offsets_s else 0.0)
+            delay = due - time.perf_counter()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self.stop.wait(), delay)
+                    return  # stopped before this request was due
+                except TimeoutError:
+                    pass
+            if self.stop.is_set():
+                return
+            if sem is not None:
+                async with sem:
+                    if self.stop.is_set():
+                        return
+                    rec = self._record(p, labels, due)
+                    records.append(rec)
+                    await self._one(p, rec)
+                return
+            rec = self._record(p, labels, due)
+            records.append(rec)
+            await self._one(p, rec)
+
+        tasks = [asyncio.create_task(release(i, p)) for i, p in enumerate(planned)]
+        all_done = asyncio.gather(*tasks, return_exceptions=True)
+        stop_wait = asyncio.create_task(self.stop.wait())
+        waiters: list[asyncio.Future[Any]] = [all_done, stop_wait]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        if not all_done.done():
+            await asyncio.wait([all_done], timeout=self.grace_s)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(all_done, return_exceptions=True)
+        stop_wait.cancel()
+        return records
