@@ -77,6 +77,7 @@ class EngineSettings:
     max_model_len: int | None = None  # default: the model's max_position
     num_gpu_blocks_override: int | None = None
     kv_capacity_scale: float = 1.0
+    enable_prefix_caching: bool = True
     offload: bool = False
     lmcache: LMCacheSettings = field(default_factory=LMCacheSettings)
     # LMCache's GDS backend writes chunk files from its own event-loop thread, so a step waits
@@ -209,7 +210,8 @@ class Engine:
         bs = self.block_size
         total = seq.total_len()
         limit = (total - 1) // bs  # vLLM always recomputes at least the last token
-        gpu_blocks = self.cache.lookup(seq.block_hashes, limit)
+        caching = self.settings.enable_prefix_caching
+        gpu_blocks = self.cache.lookup(seq.block_hashes, limit) if caching else 0
         gpu_hit = gpu_blocks * bs
         ext = 0
         if self.offload is not None:
@@ -232,7 +234,8 @@ class Engine:
             assert self.offload is not None
             load_s = self.offload.load_time_s(seq.chunk_hashes, gpu_hit, gpu_hit + ext, self.now_s)
             load_s += self.costs.device_copy_s(ext)
-            self._register_full_blocks(seq, gpu_blocks)
+            if caching:
+                self._register_full_blocks(seq, gpu_blocks)
         st = self.stats
         st.prefix_cache_queries += total
         st.prefix_cache_hits += gpu_hit
@@ -331,9 +334,10 @@ class Engine:
         token_ids: list[str] = []
         finished: list[RequestRecord] = []
         offload = self.offload
+        caching = self.settings.enable_prefix_caching
         for seq, n in scheduled:
             seq.num_computed += n
-            if len(seq.held) < len(seq.block_hashes):
+            if caching and len(seq.held) < len(seq.block_hashes):
                 self._register_full_blocks(seq, len(seq.held))
             if offload is not None:
                 full = min(seq.num_computed, seq.prompt_len) // offload.chunk_size

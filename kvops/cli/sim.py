@@ -1,0 +1,206 @@
+"""`kvops sim`: the simulated vLLM + LMCache engine (`serve`) and a virtual-time runner (`run`).
+
+`kvops sim serve` takes the `vllm serve` flags that matter to the model and reads LMCache settings
+from `LMCACHE_CONFIG_FILE` / `LMCACHE_*` exactly as LMCache does, so a systemd unit written for
+vLLM runs it unchanged (the command name aside).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import Any
+
+import click
+
+from kvops.sim.lmcache_config import LMCacheConfigError, LMCacheSettings, load_lmcache_settings
+from kvops.sim.model import EngineError, EngineSettings, build_engine
+from kvops.sim.profiles import ProfileError, load_gpu, load_model, load_storage
+
+
+def _check_profiles(model: str, gpu: str, storage: str) -> None:
+    """Unknown names or malformed files become usage errors naming the known profiles."""
+    for hint, loader, value in (
+        ("--model", load_model, model),
+        ("--gpu", load_gpu, gpu),
+        ("--storage", load_storage, storage),
+    ):
+        try:
+            loader(value)
+        except ProfileError as exc:
+            raise click.BadParameter(str(exc), param_hint=hint) from exc
+
+
+def _offload_settings(kv_transfer_config: str | None) -> tuple[bool, LMCacheSettings]:
+    if not kv_transfer_config:
+        return False, LMCacheSettings()
+    try:
+        config = json.loads(kv_transfer_config)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(
+            f"not valid JSON: {exc}", param_hint="--kv-transfer-config"
+        ) from exc
+    if not isinstance(config, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--kv-transfer-config")
+    if config.get("kv_connector") != "LMCacheConnectorV1":
+        return False, LMCacheSettings()
+    extra = config.get("kv_connector_extra_config") or {}
+    try:
+        settings = load_lmcache_settings(extra_config=extra if isinstance(extra, dict) else {})
+    except LMCacheConfigError as exc:
+        raise click.ClickException(f"LMCache configuration: {exc}") from exc
+    return True, settings
+
+
+@click.group()
+def sim() -> None:
+    """The simulated vLLM + LMCache engine (physics-based; no GPU needed)."""
+
+
+@sim.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option(
+    "--model", default="llama-3.1-8b", show_default=True, help="Model profile name or YAML path."
+)
+@click.option(
+    "--gpu", default="h100-sxm-80gb", show_default=True, help="GPU profile name or YAML path."
+)
+@click.option(
+    "--storage",
+    default="ontap-nfs-rdma-200g",
+    show_default=True,
+    help="Storage profile (the LMCache GDS path) name or YAML path.",
+)
+@click.option("--tensor-parallel-size", "-tp", default=1, show_default=True, type=int)
+@click.option("--served-model-name", default=None, help="Name in the API (default: HF name).")
+@click.option("--max-model-len", default=None, type=int)
+@click.option("--max-num-seqs", default=256, show_default=True, type=int)
+@click.option("--max-num-batched-tokens", default=8192, show_default=True, type=int)
+@click.option("--gpu-memory-utilization", default=0.9, show_default=True, type=float)
+@click.option("--block-size", default=16, show_default=True, type=int)
+@click.option(
+    "--num-gpu-blocks-override", default=None, type=int, help="Cap the GPU KV blocks (as vLLM)."
+)
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=True, show_default=True)
+@click.option(
+    "--kv-transfer-config",
+    default=None,
+    help='JSON; offload is on iff kv_connector is "LMCacheConnectorV1".',
+)
+@click.option(
+    "--time-scale",
+    default=1.0,
+    show_default=True,
+    type=float,
+    help="Real seconds per modelled second (0.05 = 20x faster than the hardware).",
+)
+@click.option(
+    "--kv-capacity-scale",
+    default=1.0,
+    show_default=True,
+    type=float,
+    help="kvops-only: multiply the computed GPU KV capacity.",
+)
+@click.option(
+    "--offload-store-blocking",
+    is_flag=True,
+    help="kvops-only: steps wait for chunk writes (LMCache GDS writes asynchronously).",
+)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--enable-prompt-tokens-details", is_flag=True, help="Accepted; always on.")
+@click.option("--dtype", default="auto", help="Accepted for vLLM compatibility; ignored.")
+@click.option("--enforce-eager", is_flag=True, help="Accepted for vLLM compatibility; ignored.")
+@click.option("--disable-log-requests", is_flag=True, help="Accepted; ignored.")
+def serve(**opts: Any) -> None:
+    """Serve the OpenAI API over the simulated engine until interrupted.
+
+    \b
+    Examples:
+      kvops sim serve --port 8000 --time-scale 0.05
+      LMCACHE_CONFIG_FILE=lmcache.yaml kvops sim serve \\
+        --kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
+    """
+    from kvops.sim.server import ServerConfig
+    from kvops.sim.server import serve as run_server
+
+    _check_profiles(opts["model"], opts["gpu"], opts["storage"])
+    if opts["time_scale"] <= 0:
+        raise click.BadParameter("must be positive", param_hint="--time-scale")
+    offload, lmcache = _offload_settings(opts["kv_transfer_config"])
+    settings = EngineSettings(
+        block_size=opts["block_size"],
+        max_num_seqs=opts["max_num_seqs"],
+        max_num_batched_tokens=opts["max_num_batched_tokens"],
+        gpu_memory_utilization=opts["gpu_memory_utilization"],
+        tensor_parallel_size=opts["tensor_parallel_size"],
+        max_model_len=opts["max_model_len"],
+        num_gpu_blocks_override=opts["num_gpu_blocks_override"],
+        kv_capacity_scale=opts["kv_capacity_scale"],
+        enable_prefix_caching=opts["enable_prefix_caching"],
+        offload=offload,
+        lmcache=lmcache,
+        store_blocking=opts["offload_store_blocking"],
+    )
+    if offload:
+        for warning in lmcache.warnings:
+            click.echo(f"LMCache WARNING: {warning}", err=True)
+        shown = {k: v for k, v in dataclasses.asdict(lmcache).items() if k != "warnings"}
+        click.echo(f"LMCache Configuration: {shown}", err=True)
+    config = ServerConfig(
+        model=opts["model"],
+        gpu=opts["gpu"],
+        storage=opts["storage"],
+        settings=settings,
+        served_model_name=opts["served_model_name"],
+        time_scale=opts["time_scale"],
+        seed=opts["seed"],
+    )
+    try:
+        run_server(config, opts["host"], opts["port"])
+    except EngineError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        where = f"{opts['host']}:{opts['port']}"
+        raise click.ClickException(f"cannot listen on {where}: {exc}") from exc
+
+
+@sim.command()
+@click.option(
+    "--scenario",
+    type=click.Choice(["unique", "one-prefix", "multi-prefix"]),
+    default="multi-prefix",
+    show_default=True,
+)
+@click.option("--model", default="llama-3.1-8b", show_default=True)
+@click.option("--gpu", default="h100-sxm-80gb", show_default=True)
+@click.option("--storage", default="ontap-nfs-rdma-200g", show_default=True)
+@click.option("--iterations", default=4, show_default=True, type=int)
+@click.option("--batch-size", default=40, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int)
+def run(
+    model: str, gpu: str, storage: str, scenario: str, iterations: int, batch_size: int, seed: int
+) -> None:
+    """Run a seed scenario in virtual time, baseline and offload arms, and print JSON.
+
+    \b
+    Example:
+      kvops sim run --scenario multi-prefix --storage ontap-nfs-rdma-400g
+    """
+    from kvops.sim.seed_workloads import SeedShape, run_batches, seed_batches, summarize
+
+    _check_profiles(model, gpu, storage)
+    vocab = load_model(model).vocab_size
+    shape = SeedShape(iterations=iterations, batch_size=batch_size, seed=seed, vocab_size=vocab)
+    out: dict[str, Any] = {"scenario": scenario, "model": model, "gpu": gpu, "storage": storage}
+    for arm, offload in (("baseline", False), ("offload", True)):
+        lm = LMCacheSettings(local_cpu=False, gds_path="(virtual)", gds_buffer_size=8192)
+        try:
+            engine = build_engine(model, gpu, storage, EngineSettings(offload=offload, lmcache=lm))
+        except EngineError as exc:
+            raise click.ClickException(str(exc)) from exc
+        summary = summarize(run_batches(engine, seed_batches(scenario, shape)))
+        out[arm] = {"num_gpu_blocks": engine.cache.num_blocks, **dataclasses.asdict(summary)}
+    json.dump(out, sys.stdout, indent=2)
+    click.echo()

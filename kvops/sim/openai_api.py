@@ -1,0 +1,191 @@
+"""Request parsing and response shapes of vLLM's OpenAI-compatible API, for the simulated server.
+
+Only what the simulator needs: prompts as text or token ids, `max_tokens`, streaming with
+`stream_options.include_usage`, and usage with `prompt_tokens_details.cached_tokens` (vLLM sends
+these only with `--enable-prompt-tokens-details`; the simulator always does). Errors use
+OpenAI's `{"error": {...}}` body, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kvops.sim.tokenizer import WordTokenizer
+
+
+class ApiError(Exception):
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError"):
+        super().__init__(message)
+        self.message, self.status, self.err_type = message, status, err_type
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.err_type,
+                "param": None,
+                "code": self.status,
+            }
+        }
+
+
+@dataclass
+class ParsedRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    chat: bool
+
+
+def _int_field(body: dict[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = body.get(name)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ApiError(f"{name} must be a non-negative integer")
+            return value
+    return None
+
+
+def chat_text(messages: Any) -> str:
+    """A plain chat template: `role: content` lines, then `assistant:`."""
+    if not isinstance(messages, list) or not messages:
+        raise ApiError("messages must be a non-empty list")
+    lines = []
+    for msg in messages:
+        if not isinstance(msg, dict):
+            raise ApiError("each message must be an object")
+        content = msg.get("content", "")
+        if isinstance(content, list):  # OpenAI content parts
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        lines.append(f"{msg.get('role', 'user')}: {content}")
+    lines.append("assistant:")
+    return "\n".join(lines)
+
+
+def parse_request(
+    body: Any, chat: bool, tokenizer: WordTokenizer, served_name: str, max_model_len: int
+) -> ParsedRequest:
+    if not isinstance(body, dict):
+        raise ApiError("request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != served_name:
+        raise ApiError(f"The model `{model}` does not exist.", 404, "NotFoundError")
+    if chat:
+        ids = tokenizer.encode(chat_text(body.get("messages")))
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = tokenizer.encode(prompt)
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            ids = prompt
+        else:
+            raise ApiError("prompt must be a string or a non-empty list of token ids (one prompt)")
+    if not ids:
+        raise ApiError("The prompt is empty.")
+    bad = next((t for t in ids if t < 0 or t >= tokenizer.vocab_size), None)
+    if bad is not None:
+        raise ApiError(f"Token id {bad} is out of vocabulary")
+    max_tokens = _int_field(body, "max_completion_tokens", "max_tokens") if chat else None
+    if not chat:
+        max_tokens = _int_field(body, "max_tokens")
+        if max_tokens is None:
+            max_tokens = 16  # OpenAI completions default
+    if max_tokens is None:  # chat: vLLM uses the rest of the context; capped for a simulator
+        max_tokens = max(1, min(max_model_len - len(ids), 4096))
+    max_tokens = max(1, max_tokens)
+    if len(ids) + max_tokens > max_model_len:
+        raise ApiError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            "completion."
+        )
+    options = body.get("stream_options") or {}
+    return ParsedRequest(
+        prompt_ids=list(ids),
+        max_tokens=max_tokens,
+        stream=bool(body.get("stream", False)),
+        include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+        chat=chat,
+    )
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+class ChunkMaker:
+    """SSE chunks and final bodies for one request, shaped like vLLM's."""
+
+    def __init__(self, request_id: str, model: str, chat: bool) -> None:
+        self.id = request_id
+        self.model = model
+        self.chat = chat
+        self.created = int(time.time())
+
+    def _envelope(self, choices: list[dict[str, Any]], usage_: dict[str, Any] | None) -> bytes:
+        doc: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if usage_ is not None or not self.chat:
+            doc["usage"] = usage_
+        return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+    def role_chunk(self) -> bytes:
+        delta = {"role": "assistant", "content": ""}
+        return self._envelope(
+            [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], None
+        )
+
+    def token_chunk(self, text: str, finish_reason: str | None) -> bytes:
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "stop_reason": None}
+        choice["finish_reason"] = finish_reason
+        return self._envelope([choice], None)
+
+    def usage_chunk(self, usage_: dict[str, Any]) -> bytes:
+        return self._envelope([], usage_)
+
+    def full_body(self, text: str, usage_: dict[str, Any]) -> dict[str, Any]:
+        if self.chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": "length",
+            }
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+                      "stop_reason": None}  # fmt: skip
+            obj = "text_completion"
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage_,
+        }

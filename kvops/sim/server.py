@@ -1,0 +1,340 @@
+"""`kvops sim serve`: an OpenAI-compatible HTTP server over the simulated engine, in real time.
+
+The engine runs in virtual time; one asyncio task steps it and sleeps until each step's real
+deadline (start + virtual end x time_scale), then hands out every token that step produced. When
+the event loop falls behind, tokens go out in a burst: the model's clock is never stretched to
+match the wall clock, so the modelled latencies stay exact and only delivery is late. A request's
+virtual arrival is the wall-clock moment it came in, mapped through the same scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kvops import __version__
+from kvops.sim.gds_files import GdsChunkWriter
+from kvops.sim.model import Engine, EngineSettings, build_engine
+from kvops.sim.openai_api import (
+    ApiError,
+    ChunkMaker,
+    ParsedRequest,
+    chat_text,
+    parse_request,
+    usage,
+)
+from kvops.sim.profiles import ModelProfile, load_model
+from kvops.sim.records import Request, RequestRecord
+from kvops.sim.server_metrics import ServerMetrics
+from kvops.sim.tokenizer import WordTokenizer
+
+VERSION = f"kvops-sim-{__version__}"
+
+
+@dataclass
+class ServerConfig:
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100-sxm-80gb"
+    storage: str = "ontap-nfs-rdma-200g"
+    settings: EngineSettings = field(default_factory=EngineSettings)
+    served_model_name: str | None = None
+    time_scale: float = 1.0
+    seed: int = 0
+
+
+class _Stream:
+    """Token events for one in-flight request: ints (token ids) then the final record."""
+
+    def __init__(self, prompt_ids: list[int], seed: int) -> None:
+        self.queue: asyncio.Queue[int | RequestRecord] = asyncio.Queue()
+        self.rng = random.Random(hash((seed, len(prompt_ids), tuple(prompt_ids[:64]))))
+
+
+class SimServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.profile: ModelProfile = load_model(config.model)
+        self.engine: Engine = build_engine(
+            config.model, config.gpu, config.storage, config.settings
+        )
+        self.served_name = config.served_model_name or self.profile.hf_name
+        self.tokenizer = WordTokenizer(self.profile.vocab_size)
+        s = config.settings
+        connector = "LMCacheConnectorV1" if s.offload else "none"
+        cache_info = {
+            "block_size": str(s.block_size),
+            "num_gpu_blocks": str(self.engine.cache.num_blocks),
+            "num_gpu_blocks_override": str(s.num_gpu_blocks_override),
+            "gpu_memory_utilization": str(s.gpu_memory_utilization),
+            "enable_prefix_caching": "True",
+            "cache_dtype": "auto",
+            "kv_connector": connector,
+            "kv_offload": str(s.offload),
+            "kv_capacity_scale": str(s.kv_capacity_scale),
+        }
+        self.metrics = ServerMetrics(self.engine, self.served_name, cache_info)
+        self.writer: GdsChunkWriter | None = None
+        offload = self.engine.offload
+        if offload is not None and s.lmcache.gds_path and offload.persistent_level is not None:
+            self.writer = GdsChunkWriter(
+                s.lmcache.gds_path,
+                self.profile.hf_name,
+                s.tensor_parallel_size,
+                self.profile.dtype,
+                int(offload.chunk_bytes),
+            )
+            found = self.writer.scan()
+            offload.preload(found)
+            print(f"Read {len(found)} cache entries from persistent storage", file=sys.stderr)
+        self._streams: dict[str, _Stream] = {}
+        self._wakeup = asyncio.Event()
+        self._real0 = 0.0
+        self._loop_task: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self._writes: set[asyncio.Task[None]] = set()
+
+    # ----- clock and engine loop ---------------------------------------------------------
+    def _virtual_now(self) -> float:
+        return (asyncio.get_running_loop().time() - self._real0) / self.config.time_scale
+
+    async def _run_engine(self) -> None:
+        loop = asyncio.get_running_loop()
+        scale = self.config.time_scale
+        while True:
+            if not self.engine.has_work():
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            result = self.engine.step()
+            if result is None:
+                continue
+            delay = self._real0 + result.end_s * scale - loop.time()
+            await asyncio.sleep(max(0.0, delay))
+            for rid in result.token_request_ids:
+                stream = self._streams.get(rid)
+                if stream is not None:
+                    stream.queue.put_nowait(stream.rng.randrange(self.tokenizer.vocab_size))
+            for record in result.finished:
+                self.metrics.observe(record, scale)
+                stream = self._streams.get(record.request_id)
+                if stream is not None:
+                    stream.queue.put_nowait(record)
+            if self.writer is not None and result.stored_chunk_hashes:
+                task = asyncio.create_task(self._write_chunks(result.stored_chunk_hashes))
+                self._writes.add(task)
+                task.add_done_callback(self._writes.discard)
+
+    async def _write_chunks(self, hashes: list[int]) -> None:
+        assert self.writer is not None
+        async with self._write_lock:
+            try:
+                await asyncio.to_thread(self.writer.write, hashes)
+            except OSError as exc:
+                print(f"GDS write failed: {exc}", file=sys.stderr)
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self._real0 = asyncio.get_running_loop().time()
+        self._loop_task = asyncio.create_task(self._run_engine())
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+
+    # ----- generation ----------------------------------------------------------------------
+    async def _generate(
+        self, parsed: ParsedRequest, rid: str
+    ) -> AsyncGenerator[int | RequestRecord, None]:
+        stream = _Stream(parsed.prompt_ids, self.config.seed)
+        self.engine.add_request(
+            Request(rid, self._virtual_now(), parsed.prompt_ids, parsed.max_tokens)
+        )  # raises ValueError for a request that can never fit
+        self._streams[rid] = stream
+        self._wakeup.set()
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                yield item
+                if isinstance(item, RequestRecord):
+                    finished = True
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not finished:
+                self.engine.abort(rid)
+
+    async def _completion(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(ApiError("request body is not valid JSON"))
+        try:
+            parsed = parse_request(
+                body, chat, self.tokenizer, self.served_name, self.engine.max_model_len
+            )
+        except ApiError as exc:
+            return _error(exc)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        maker = ChunkMaker(rid, self.served_name, chat)
+        gen = self._generate(parsed, rid)
+        try:
+            return await self._respond(request, parsed, maker, gen)
+        finally:
+            await gen.aclose()  # aborts the request in the engine if it did not finish
+
+    async def _respond(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        maker: ChunkMaker,
+        gen: AsyncIterator[int | RequestRecord],
+    ) -> web.StreamResponse:
+        try:
+            item = await gen.__anext__()
+        except ValueError as exc:
+            return _error(ApiError(str(exc)))
+        if not parsed.stream:
+            words: list[str] = []
+            while isinstance(item, int):
+                words.append(self.tokenizer.decode_piece(item))
+                item = await gen.__anext__()
+            use = usage(item.prompt_tokens, len(words), item.cached_tokens)
+            return web.json_response(maker.full_body("".join(words), use))
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        count = 0
+        while isinstance(item, int):
+            count += 1
+            if count == 1 and parsed.chat:
+                await response.write(maker.role_chunk())
+            finish = "length" if count == parsed.max_tokens else None
+            await response.write(maker.token_chunk(self.tokenizer.decode_piece(item), finish))
+            item = await gen.__anext__()
+        if parsed.include_usage:
+            await response.write(
+                maker.usage_chunk(usage(item.prompt_tokens, count, item.cached_tokens))
+            )
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._completion(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._completion(request, chat=True)
+
+    # ----- the other endpoints -----------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": VERSION})
+
+    async def load(self, request: web.Request) -> web.Response:
+        return web.json_response({"server_load": len(self._streams)})
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {
+            "id": self.served_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "vllm",
+            "root": self.profile.hf_name,
+            "parent": None,
+            "max_model_len": self.engine.max_model_len,
+            "vocab_size": self.profile.vocab_size,  # kvops extension: valid ids are below it
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body: Any = await request.json()
+            if not isinstance(body, dict):
+                raise ApiError("request body must be a JSON object")
+            if "messages" in body:
+                ids = self.tokenizer.encode(chat_text(body["messages"]))
+            elif isinstance(body.get("prompt"), str):
+                ids = self.tokenizer.encode(body["prompt"])
+            else:
+                raise ApiError("prompt must be a string")
+        except ApiError as exc:
+            return _error(exc)
+        except json.JSONDecodeError:
+            return _error(ApiError("request body is not valid JSON"))
+        return web.json_response(
+            {
+                "count": len(ids),
+                "max_model_len": self.engine.max_model_len,
+                "tokens": ids,
+                "token_strs": None,
+            }
+        )
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        try:
+            body: Any = await request.json()
+        except json.JSONDecodeError:
+            return _error(ApiError("request body is not valid JSON"))
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            return _error(ApiError("tokens must be a list of token ids"))
+        bad = next((t for t in tokens if t < 0 or t >= self.tokenizer.vocab_size), None)
+        if bad is not None:
+            return _error(ApiError(f"Token id {bad} is out of vocabulary"))
+        return web.json_response({"prompt": self.tokenizer.decode(tokens)})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        return web.json_response({"success": self.engine.reset_prefix_cache()})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        data = generate_latest(self.metrics.registry)
+        return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024**2)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/load", self.load)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        app.router.add_get("/metrics", self.prometheus)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+
+def _error(exc: ApiError) -> web.Response:
+    return web.json_response(exc.body(), status=exc.status)
+
+
+def serve(config: ServerConfig, host: str, port: int) -> None:
+    """Run until interrupted (the `kvops sim serve` entry point)."""
+    server = SimServer(config)
+    web.run_app(
+        server.app(),
+        host=host,
+        port=port,
+        print=lambda _msg: print(f"kvops sim serve: listening on http://{host}:{port}", flush=True),
+        access_log=None,
+    )
