@@ -9,7 +9,6 @@ loaded, which nvidia-fs >= 2.17.5 requires.
 from __future__ import annotations
 
 import csv
-import io
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,7 +32,12 @@ class NvidiaSmiCsv:
 def parse_nvidia_smi_csv(text: str, columns: list[str] | None = None) -> NvidiaSmiCsv:
     """Parse CSV; the first row is the header unless `columns` is given (`noheader`)."""
     out = NvidiaSmiCsv()
-    rows = [r for r in csv.reader(io.StringIO(text), skipinitialspace=True) if r]
+    rows: list[list[str]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            rows.extend(r for r in csv.reader([line], skipinitialspace=True) if r)
+        except csv.Error as exc:
+            out.warnings.append(f"line {number}: not CSV ({exc})")
     if not rows:
         out.warnings.append("empty nvidia-smi output")
         return out
