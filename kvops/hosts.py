@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
+from paramiko.ssh_exception import NoValidConnectionsError
 
 from kvops import __version__
 from kvops.evidence import SCHEMA_VERSION, Evidence
@@ -135,6 +136,10 @@ def _client(
     )
     try:
         _do_connect(client, host, address, port, user, timeout_s, sock)
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        exc.hostname = address if port == 22 else f"[{address}]:{port}"  # known_hosts name
+        raise
     except TimeoutError as exc:  # a connect timeout is unreachability, not a hung probe
         client.close()
         raise ConnectionError(f"connection timed out after {timeout_s:.0f} s") from exc
@@ -329,11 +334,19 @@ def probe_host(host: InventoryHost, config: dict[str, Any], opts: SshOptions) ->
     except HostKeyRefused as exc:
         return result(HOST_KEY, str(exc))
     except paramiko.AuthenticationException as exc:
-        return result(AUTH_FAILED, f"authentication to {where} failed: {exc}")
+        tried = f"key {host.key_file}, " if host.key_file else ""
+        tried += "ssh-agent, ~/.ssh default keys" + (", password" if host.password else "")
+        return result(AUTH_FAILED, f"authentication to {where} failed ({exc}); tried {tried}")
     except PermissionError as exc:
         return result(AUTH_FAILED, str(exc))
     except TimeoutError as exc:
         return result(TIMEOUT, f"{where}: {exc}")
+    except NoValidConnectionsError as exc:
+        causes = "; ".join(
+            f"{addr[0]}:{addr[1]}: {getattr(e, 'strerror', None) or e}"
+            for addr, e in exc.errors.items()
+        )
+        return result(UNREACHABLE, f"cannot reach {where}: {causes}")
     except (paramiko.SSHException, OSError, EOFError) as exc:
         return result(UNREACHABLE, f"cannot reach {where}: {exc or type(exc).__name__}")
     except Exception as exc:  # a fleet run must survive any one host

@@ -1,0 +1,257 @@
+"""`kvops validate`: probe every GPU host once over SSH, judge the evidence locally, report.
+
+Thin by design: inventory (`kvops.inventory`) → probe over SSH in parallel (`kvops.hosts`) →
+pure judges (`kvops.validate`) → table, JSON or JUnit (`kvops.report.findings`) → exit code.
+Progress goes to stderr so `--json` on stdout stays machine-readable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+
+from kvops.checks import Thresholds
+from kvops.hosts import HostResult, SshOptions, probe_config, probe_fleet
+from kvops.inventory import InventoryError, load_inventory, probe_options, probe_settings
+from kvops.report.findings import render_terminal, to_junit
+from kvops.validate import (
+    EXIT_COULD_NOT_RUN,
+    EvidenceError,
+    judge_fleet,
+    load_evidence,
+    save_evidence,
+)
+
+EXAMPLES = """
+\b
+Examples:
+  kvops validate -i inventories/prod
+  kvops validate -i inventories/prod --limit 'gpu_hosts:!gpu-07' --storage-bench --timeout 600
+  kvops validate -i inventories/prod --json --junit validate.xml --save-evidence runs/ev
+  kvops validate --from-evidence runs/ev          # judge a saved bundle offline
+\b
+Exit status: 0 every host passed (WARN allowed), 1 some check FAILed, 2 could not run
+(bad inventory or bundle, or some host could not be probed: unreachable, auth refused, host
+key unknown or changed, timed out).
+"""
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"kvops validate: error: {message}", err=True)
+    sys.exit(EXIT_COULD_NOT_RUN)
+
+
+@click.command("validate", epilog=EXAMPLES)
+@click.option(
+    "-i",
+    "--inventory",
+    "inventories",
+    multiple=True,
+    metavar="INV",
+    help="Ansible inventory (path or comma list), read with ansible-inventory.",
+)
+@click.option(
+    "-l",
+    "--limit",
+    metavar="PATTERN",
+    help="Ansible host pattern: names, groups, globs, 'a:b', 'g:!host', 'g:&h'.",
+)
+@click.option(
+    "--storage-bench",
+    is_flag=True,
+    help="Also run gdsio write+read in each host's GDS directory (minutes; writes "
+    "--bench-size per thread, removed afterwards).",
+)
+@click.option("--bench-size", metavar="SIZE", help="gdsio file size per thread (default 1G).")
+@click.option("--bench-io-size", metavar="SIZE", help="gdsio IO size (default 1M).")
+@click.option(
+    "--forks",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Hosts probed in parallel.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds per host, connect to last byte (raise it for --storage-bench).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON on stdout.")
+@click.option(
+    "--junit",
+    "junit_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write JUnit XML: one testcase per host x check.",
+)
+@click.option(
+    "--save-evidence",
+    "save_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write each host's evidence document to DIR/<host>.json.",
+)
+@click.option(
+    "--from-evidence",
+    "from_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Judge a saved evidence bundle instead of probing (no SSH).",
+)
+@click.option(
+    "--known-hosts",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("~/.ssh/known_hosts"),
+    show_default=True,
+    help="known_hosts file host keys are verified against.",
+)
+@click.option(
+    "--accept-new-host-keys",
+    is_flag=True,
+    help="Trust and record keys of hosts not yet in --known-hosts (a CHANGED key "
+    "is still refused).",
+)
+@click.option(
+    "--vault-password-file",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Passed to ansible-inventory for vaulted variables.",
+)
+@click.option("--vault-id", multiple=True, help="Passed to ansible-inventory.")
+@click.option("--min-free-gib", type=click.FloatRange(min=0), help="GDS dir free-space floor.")
+@click.option(
+    "--bench-min-link-share",
+    type=click.FloatRange(min=0, max=1),
+    help="gdsio throughput below this share of the RDMA link rate WARNs (0.70).",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Show evidence excerpts in the tables.")
+@click.option("--problems-only", is_flag=True, help="Tables list only FAIL and WARN rows.")
+def validate(
+    inventories: tuple[str, ...],
+    limit: str | None,
+    storage_bench: bool,
+    bench_size: str | None,
+    bench_io_size: str | None,
+    forks: int,
+    timeout_s: float,
+    as_json: bool,
+    junit_file: Path | None,
+    save_dir: Path | None,
+    from_dir: Path | None,
+    known_hosts: Path,
+    accept_new_host_keys: bool,
+    vault_password_file: tuple[str, ...],
+    vault_id: tuple[str, ...],
+    min_free_gib: float | None,
+    bench_min_link_share: float | None,
+    verbose: bool,
+    problems_only: bool,
+) -> None:
+    """Prove each GPU host's GDS offload path is really in place, fleet-wide.
+
+    One SSH round trip per host ships a stdlib-only probe (Python >= 3.8 on the host) that
+    records driver, nvidia-fs, RDMA, mounts, cufile.json, gdscheck, the vLLM service, LMCache
+    config and the GDS directory; the checks then judge that evidence here. Host keys are
+    verified against --known-hosts; hosts and variables come from ansible-inventory.
+    """
+    err = Console(stderr=True, highlight=False)
+    thresholds = Thresholds()
+    if min_free_gib is not None:
+        thresholds = replace(thresholds, min_free_gib=min_free_gib)
+    if bench_min_link_share is not None:
+        thresholds = replace(thresholds, bench_min_link_share=bench_min_link_share)
+
+    transport: dict[str, Any] = {}
+    if from_dir is not None:
+        if inventories:
+            raise click.UsageError("use either -i/--inventory or --from-evidence, not both")
+        try:
+            documents = load_evidence(from_dir)
+        except EvidenceError as exc:
+            _fail(str(exc))
+        err.print(f"judging {len(documents)} saved evidence documents from {from_dir}")
+    elif inventories:
+        results = _probe(
+            err,
+            list(inventories),
+            limit,
+            storage_bench,
+            {"size": bench_size or "", "io_size": bench_io_size or ""},
+            forks,
+            timeout_s,
+            SshOptions(
+                known_hosts=known_hosts.expanduser(),
+                accept_new_host_keys=accept_new_host_keys,
+                timeout_s=timeout_s,
+            ),
+            list(vault_password_file),
+            list(vault_id),
+        )
+        documents = [dict(r.evidence) for r in results]
+        transport = {
+            r.host: {"status": r.status, "reason": r.reason, "duration_s": r.duration_s}
+            for r in results
+        }
+    else:
+        raise click.UsageError("give an inventory (-i INV) or a bundle (--from-evidence DIR)")
+
+    if save_dir is not None:
+        paths = save_evidence(save_dir, documents)
+        err.print(f"saved {len(paths)} evidence documents to {save_dir}")
+    fleet = judge_fleet(documents, thresholds)
+    if junit_file is not None:
+        junit_file.parent.mkdir(parents=True, exist_ok=True)
+        junit_file.write_text(to_junit(fleet), encoding="utf-8")
+    if as_json:
+        out = fleet.to_dict()
+        if transport:
+            out["transport"] = transport
+        click.echo(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        render_terminal(fleet, Console(), verbose=verbose, problems_only=problems_only)
+    sys.exit(fleet.exit_code())
+
+
+def _probe(
+    err: Console,
+    inventories: list[str],
+    limit: str | None,
+    storage_bench: bool,
+    gdsio: dict[str, str],
+    forks: int,
+    timeout_s: float,
+    opts: SshOptions,
+    vault_password_files: list[str],
+    vault_ids: list[str],
+) -> list[HostResult]:
+    try:
+        hosts = load_inventory(inventories, limit, vault_password_files, vault_ids)
+    except InventoryError as exc:
+        _fail(str(exc))
+    for host in hosts:
+        for warning in host.warnings:
+            err.print(f"[yellow]warning[/] {host.name}: {warning}")
+    configs = {
+        h.name: probe_config(
+            h, probe_settings(h, storage_bench, gdsio), probe_options(h), timeout_s
+        )
+        for h in hosts
+    }
+    err.print(
+        f"probing {len(hosts)} host(s), forks {min(forks, len(hosts))}, timeout {timeout_s:.0f} s"
+        f"{', with storage bench' if storage_bench else ''} ..."
+    )
+
+    def progress(res: HostResult) -> None:
+        if res.ok:
+            err.print(f"  [green]probed[/]  {res.host} ({res.duration_s:.1f} s)")
+        else:
+            err.print(f"  [bold red]{res.status}[/]  {res.host}: {res.reason}")
+
+    return probe_fleet(hosts, configs, opts, forks=forks, on_result=progress)

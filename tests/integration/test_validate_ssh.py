@@ -1,0 +1,209 @@
+"""`kvops validate` over real SSH: real sshd servers on 127.0.0.1, real host keys, real auth.
+
+One fleet run covers a healthy host and every way a host can fail to be probed; each failure
+must be reported for that host while the others complete, and the run exits 2 (could not run).
+The probe reads a recorded host tree (tests/doubles/recorded_host_double.py) and recorded tool
+outputs (tests/doubles/probe_tools_double); on the target it runs under Python 3.8 when pyenv
+has one, so the stdlib-only promise is checked over the wire too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "doubles")]
+
+from local_sshd import LocalSshd, free_port, keygen, sshd_available, start_sshd  # noqa: E402
+from recorded_host_double import (  # noqa: E402
+    HANGING_PYTHON_DOUBLE,
+    TOOLS_DOUBLE_DIR,
+    build_recorded_tree,
+)
+
+pytestmark = pytest.mark.skipif(not sshd_available(), reason="openssh-server not installed")
+
+PY38 = Path.home() / ".pyenv/versions/3.8.18/bin/python3.8"
+TARGET_PYTHON = str(PY38) if PY38.exists() else "python3"
+
+
+class Lab:
+    """Servers, keys and a recorded tree shared by the tests of this module."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.client_key = root / "client_key"
+        self.wrong_key = root / "wrong_key"
+        authorized = keygen(self.client_key)
+        keygen(self.wrong_key)
+        self.servers: dict[str, LocalSshd] = {}
+        for name in ("healthy", "healthy2", "wrongkey", "changed", "hang", "unknown"):
+            self.servers[name] = start_sshd(root / f"sshd-{name}", [authorized])
+        self.gds_dir = root / "gds"
+        self.gds_dir.mkdir()
+        self.roots = build_recorded_tree(root / "tree", self.gds_dir)
+        self.known_hosts = root / "known_hosts"
+        lines = [s.known_hosts_line for n, s in self.servers.items() if n != "unknown"]
+        other = keygen(root / "impostor_host_key").split()
+        changed = self.servers["changed"]
+        lines = [ln for ln in lines if not ln.startswith(f"[127.0.0.1]:{changed.port} ")]
+        lines.append(f"[127.0.0.1]:{changed.port} {other[0]} {other[1]}\n")
+        self.known_hosts.write_text("".join(lines))
+        self.closed_port = free_port()
+
+    def host(self, port: int, **extra: Any) -> dict[str, Any]:
+        host = {
+            "ansible_host": "127.0.0.1",
+            "ansible_port": port,
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(self.client_key),
+            "ansible_python_interpreter": TARGET_PYTHON,
+            "kvops_gds_dir": str(self.gds_dir),
+            "kvops_vllm_url": f"http://127.0.0.1:{self.closed_port}",
+            "kvops_probe_roots": self.roots,
+            "kvops_probe_tool_dirs": [str(TOOLS_DOUBLE_DIR)],
+        }
+        host.update(extra)
+        return host
+
+    def inventory(self) -> Path:
+        s = self.servers
+        hosts = {
+            "healthy": self.host(s["healthy"].port),
+            "healthy2": self.host(s["healthy2"].port, kvops_role="baseline"),
+            "unreachable": self.host(self.closed_port),
+            "wrongkey": self.host(
+                s["wrongkey"].port, ansible_ssh_private_key_file=str(self.wrong_key)
+            ),
+            "changed": self.host(s["changed"].port),
+            "unknown": self.host(s["unknown"].port),
+            "hang": self.host(
+                s["hang"].port, ansible_python_interpreter=str(HANGING_PYTHON_DOUBLE)
+            ),
+        }
+        path = self.root / "inventory" / "hosts.yml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(yaml.safe_dump({"all": {"children": {"gpu": {"hosts": hosts}}}}))
+        return path
+
+    def stop(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    the_lab = Lab(tmp_path_factory.mktemp("ssh-lab"))
+    try:
+        yield the_lab
+    finally:
+        the_lab.stop()
+
+
+def run_validate(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}  # no agent keys
+    return subprocess.run(
+        [sys.executable, "-m", "kvops", "validate", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_fleet_reports_each_failure_per_host_while_others_complete(
+    lab: Lab, tmp_path: Path
+) -> None:
+    inv = lab.inventory()
+    started = time.monotonic()
+    proc = run_validate(
+        "-i", str(inv), "--known-hosts", str(lab.known_hosts), "--timeout", "8", "--forks", "8",
+        "--json", "--junit", str(tmp_path / "v.xml"), "--save-evidence", str(tmp_path / "ev"),
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr  # some hosts could not be probed
+    report = json.loads(proc.stdout)
+    transport = report["transport"]
+    assert transport["healthy"]["status"] == "ok"
+    assert transport["healthy2"]["status"] == "ok"
+    assert transport["unreachable"]["status"] == "unreachable"
+    assert "refused" in transport["unreachable"]["reason"].lower()
+    assert transport["wrongkey"]["status"] == "auth_failed"
+    assert str(lab.wrong_key) in transport["wrongkey"]["reason"]
+    assert transport["changed"]["status"] == "host_key_refused"
+    changed_port = lab.servers["changed"].port
+    assert "CHANGED" in transport["changed"]["reason"]
+    assert f"ssh-keygen -R [127.0.0.1]:{changed_port}" in transport["changed"]["reason"]
+    assert transport["unknown"]["status"] == "host_key_refused"
+    assert "--accept-new-host-keys" in transport["unknown"]["reason"]
+    assert transport["hang"]["status"] == "timeout"
+    # The hanging host cost its timeout, not more, and did not hold the others back.
+    assert elapsed < 40
+    assert transport["healthy"]["duration_s"] < 8
+    not_probed = ["changed", "hang", "unknown", "unreachable", "wrongkey"]
+    assert sorted(report["unreachable"]) == not_probed
+    # The healthy hosts' evidence was judged: recorded RDMA mount and gdscheck were read.
+    healthy = {f["check_id"]: f for f in report["hosts"]["healthy"]["findings"]}
+    assert healthy["GDS-000"]["severity"] == "PASS"
+    saved = json.loads((tmp_path / "ev" / "healthy.json").read_text())
+    assert saved["host"] == "healthy" and saved["error"] is None
+    items = saved["items"]
+    assert "proto=rdma" in items["mounts"]["stdout"]
+    assert items["gdscheck"]["exit_code"] == 0 and "NFS" in items["gdscheck"]["stdout"]
+    assert items["nvidia_smi"]["exit_code"] == 127  # a missing tool is evidence
+    assert items["gds_dir"]["data"]["exists"] is True
+    assert saved["settings"]["role"] == "offload"
+    failed = json.loads((tmp_path / "ev" / "wrongkey.json").read_text())
+    assert failed["error"] and failed["items"] == {}
+    assert "<testsuite" in (tmp_path / "v.xml").read_text()
+    # Progress went to stderr, one line per host.
+    for name in transport:
+        assert name in proc.stderr
+
+
+def test_offline_rejudge_of_saved_bundle_matches(lab: Lab, tmp_path: Path) -> None:
+    inv = lab.inventory()
+    live = run_validate(
+        "-i", str(inv), "--limit", "healthy*", "--known-hosts", str(lab.known_hosts),
+        "--timeout", "20", "--json", "--save-evidence", str(tmp_path / "ev"),
+    )  # fmt: skip
+    assert live.returncode in (0, 1), live.stderr
+    offline = run_validate("--from-evidence", str(tmp_path / "ev"), "--json")
+    assert offline.returncode == live.returncode
+    assert json.loads(offline.stdout)["hosts"] == json.loads(live.stdout)["hosts"]
+
+
+def test_accept_new_host_keys_records_unknown_key_but_never_a_changed_one(
+    lab: Lab, tmp_path: Path
+) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text(lab.known_hosts.read_text())
+    inv = lab.inventory()
+    proc = run_validate(
+        "-i", str(inv), "--limit", "unknown,changed", "--known-hosts", str(known),
+        "--accept-new-host-keys", "--timeout", "20", "--json",
+    )  # fmt: skip
+    transport = json.loads(proc.stdout)["transport"]
+    assert transport["unknown"]["status"] == "ok"
+    assert transport["changed"]["status"] == "host_key_refused"
+    unknown_port = lab.servers["unknown"].port
+    assert f"[127.0.0.1]:{unknown_port} ssh-ed25519" in known.read_text()
+
+
+def test_bad_inventory_is_a_clear_error_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "hosts.yml"
+    bad.write_text("all:\n  hosts: [a\n")
+    proc = run_validate("-i", str(bad))
+    assert proc.returncode == 2
+    assert "kvops validate: error:" in proc.stderr and "Traceback" not in proc.stderr
+    missing = run_validate("-i", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
