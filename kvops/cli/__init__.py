@@ -29,3 +29,7 @@ main.add_command(smoke)
 from kvops.cli.parse import parse  # noqa: E402
 
 main.add_command(parse)
+
+from kvops.cli.validate import validate  # noqa: E402
+
+main.add_command(validate)
