@@ -33,3 +33,7 @@ main.add_command(parse)
 from kvops.cli.validate import validate  # noqa: E402
 
 main.add_command(validate)
+
+from kvops.cli.lab import lab  # noqa: E402
+
+main.add_command(lab)
