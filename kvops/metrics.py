@@ -194,16 +194,14 @@ def _resampled(
         idx = rng.integers(0, vals.size, (n, vals.size))
         return np.percentile(vals[idx], q, axis=1), "request"
     unit = "batch"
-    if len(clusters) < MIN_CLUSTERS:
+    if metric.endswith("_tok_s"):
+        # throughput exists only per release group; with fewer than 3 there is no interval
+        if len(clusters) < 3:
+            return np.full(n, np.nan), unit
+    elif len(clusters) < MIN_CLUSTERS:
         unit = "request"
-        total = sum(span_s(c) for c in clusters)
-        flat = [r for c in clusters for r in c]
-        clusters = [[r] for r in flat]
-        sums = _cluster_sums(clusters, metric)
-        if metric.endswith("_tok_s") and len(flat):
-            sums[:, 1] = total / len(flat)  # each request carries an equal share of the time
-    else:
-        sums = _cluster_sums(clusters, metric)
+        clusters = [[r] for c in clusters for r in c]
+    sums = _cluster_sums(clusters, metric)
     if len(sums) < 2:
         return np.full(n, np.nan), unit
     idx = rng.integers(0, len(sums), (n, len(sums)))

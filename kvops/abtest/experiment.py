@@ -191,13 +191,20 @@ class Experiment:
             stop=self.stop, grace_s=opts.grace_s, stats=stats,
         )  # fmt: skip
         monitor = LoopLagMonitor(stats)
-        monitor.start()
         try:
-            for iteration in range(spec.iterations):
-                labels = Labels(
-                    arm.name, spec.name, trial, attempt, iteration < opts.warmup_iterations
-                )
-                planned = plan_iteration(spec, alphabet, prefixes, trial=trial, iteration=iteration)
+            # every request is built and encoded before the first is sent (as vLLM's bench
+            # does): preparing iteration 2 must not count as serving time or client lag
+            plans = [
+                plan_iteration(spec, alphabet, prefixes, trial=trial, iteration=i)
+                for i in range(spec.iterations)
+            ]
+            for plan in plans:
+                for p in plan:
+                    p.request.body(runner.endpoint)
+            monitor.start()
+            for iteration, planned in enumerate(plans):
+                warm = iteration < opts.warmup_iterations
+                labels = Labels(arm.name, spec.name, trial, attempt, warm)
                 if spec.rate is None:
                     for group in batch_groups(len(planned), spec.batch_size):
                         await runner.run_group([planned[i] for i in group], labels)

@@ -34,7 +34,7 @@ import numpy as np
 from kvops import __version__
 from kvops.abtest.rundir import RunDir
 from kvops.loadgen.record import RequestRecord, iter_jsonl, read_records
-from kvops.loadgen.runner import ClientStats
+from kvops.loadgen.runner import ClientStats, judge_client
 from kvops.metrics import compare_arms, compute_metrics, overall_verdict
 
 SCHEMA_VERSION = 1
@@ -121,12 +121,7 @@ def client_summary(run_dir: RunDir, records: list[RequestRecord]) -> dict[str, A
         summary["loop_lag_p99_ms"] = float(max(c["loop_lag_p99_ms"] for c in seg_clients))
         summary["max_in_flight"] = int(max(c["max_in_flight"] for c in seg_clients))
         summary["workers"] = int(max(c.get("workers", 1) for c in seg_clients))
-        reasons = [c["bottleneck_reason"] for c in seg_clients if c.get("bottleneck")]
-        if summary["bottleneck"] and summary["bottleneck_reason"]:
-            reasons.insert(0, summary["bottleneck_reason"])
-        summary["bottleneck"] = bool(reasons)
-        summary["bottleneck_reason"] = "; ".join(dict.fromkeys(reasons)) or None
-    return summary
+    return judge_client(summary)
 
 
 def build_results(

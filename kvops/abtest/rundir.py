@@ -44,7 +44,8 @@ class RunDir:
 
     def create(self, run: dict[str, Any], specs: list[WorkloadSpec], overwrite: bool) -> None:
         if (self.path / "run.json").exists():
-            if not overwrite:
+            measured = self.records_path.exists() and self.records_path.stat().st_size > 0
+            if measured and not overwrite:
                 raise RunDirError(
                     f"{self.path} already holds a run; use --resume {self.path} to continue it, "
                     "--overwrite to replace it, or another --out"

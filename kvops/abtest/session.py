@@ -1,0 +1,127 @@
+"""One `kvops ab-test` invocation from start to reports, independent of the CLI.
+
+Why here and not in the click command: the same flow runs from tests and from `--resume`, and
+the command stays a thin parser. The flow: create (or reopen) the run directory, start the
+embedded engines when no arm was given, run the experiment with Ctrl-C turned into a graceful
+stop, then rebuild the results from the files and write the reports - also after an interrupt
+or a failure, so what was measured is always summarized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvops.abtest.arms import Arm
+from kvops.abtest.embedded import EmbeddedEngines, SimProfile
+from kvops.abtest.experiment import Experiment, Hooks, Options
+from kvops.abtest.results import ResultSet, build_results
+from kvops.abtest.rundir import RunDir
+from kvops.report.abtest_files import write_reports
+from kvops.workload.spec import WorkloadSpec
+
+
+@dataclass
+class AbTestRequest:
+    out: Path
+    arms: list[Arm] = field(default_factory=list)  # empty: embedded sim engines
+    scenarios: list[WorkloadSpec] = field(default_factory=list)
+    options: Options = field(default_factory=Options)
+    scale: float = 1.0
+    sim: SimProfile = field(default_factory=SimProfile)
+    seed: int = 0
+    slo: dict[str, float] = field(default_factory=dict)
+    overwrite: bool = False
+    resume: bool = False
+
+
+@dataclass
+class Outcome:
+    results: ResultSet
+    interrupted: bool
+    warnings: list[str]
+
+
+def prepare(req: AbTestRequest) -> RunDir:
+    """Create the run directory (or reopen it for --resume, restoring its settings)."""
+    run_dir = RunDir(req.out)
+    if req.resume:
+        run, specs = run_dir.load_run()
+        req.scenarios = specs
+        req.arms = (
+            [Arm(a["name"], a["url"], a.get("model")) for a in run["arms"]]
+            if not run.get("embedded")
+            else []
+        )
+        req.options = Options(**run["options"])
+        req.scale = float(run.get("scale", 1.0))
+        req.sim = SimProfile(**run["sim"]) if run.get("sim") else req.sim
+        req.seed, req.slo = int(run.get("seed", 0)), dict(run.get("slo") or {})
+        return run_dir
+    run = {
+        "arms": [{"name": a.name, "url": a.url, "model": a.model} for a in req.arms]
+        or [{"name": "baseline", "url": "embedded"}, {"name": "offload", "url": "embedded"}],
+        "embedded": not req.arms,
+        "scenarios": [s.name for s in req.scenarios],
+        "options": req.options.to_dict(),
+        "scale": req.scale,
+        "sim": req.sim.__dict__ if not req.arms else None,
+        "seed": req.seed,
+        "slo": req.slo,
+    }
+    run_dir.create(run, req.scenarios, req.overwrite)
+    return run_dir
+
+
+@contextlib.contextmanager
+def _arms(req: AbTestRequest, run_dir: RunDir) -> Iterator[list[Arm]]:
+    if req.arms:
+        yield req.arms
+        return
+    with EmbeddedEngines(run_dir.path, kv_capacity_scale=req.scale, profile=req.sim) as arms:
+        yield arms
+
+
+def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
+    """Run (or resume) and report. Raises ArmUnreachable / ExperimentError / RunDirError /
+    EngineStartError before measuring anything; never loses records once measuring began."""
+    run_dir = prepare(req)
+    warnings: list[str] = []
+    interrupted = False
+    try:
+        with _arms(req, run_dir) as arms:
+            exp = Experiment(run_dir, arms, req.scenarios, req.options, hooks)
+            try:
+                asyncio.run(_run_with_sigint(exp))
+            finally:
+                warnings = exp.warnings
+                interrupted = exp.interrupted
+    except KeyboardInterrupt:
+        interrupted = True
+    status = "interrupted" if interrupted else "complete"
+    results = build_results(run_dir, seed=req.seed, slo=req.slo, status=status, warnings=warnings)
+    write_reports(run_dir.path, results.doc, results.measured)
+    return Outcome(results, interrupted, warnings)
+
+
+async def _run_with_sigint(exp: Experiment) -> None:
+    """First Ctrl-C: stop releasing requests and let in-flight streams finish (grace period).
+    Second Ctrl-C: the default handler interrupts at once."""
+    loop = asyncio.get_running_loop()
+
+    def first_interrupt() -> None:
+        exp.hooks.warn("interrupted: no new requests; waiting briefly for streams in flight")
+        exp.stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, first_interrupt)
+    try:
+        await exp.run()
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)

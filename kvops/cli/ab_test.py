@@ -1,0 +1,288 @@
+"""`kvops ab-test`: does offload pay for this traffic? Baseline vs offload, with CIs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvops.abtest.arms import Arm, ArmUnreachable, parse_arm
+from kvops.abtest.embedded import EngineStartError, SimProfile
+from kvops.abtest.experiment import ExperimentError, Hooks, Options
+from kvops.abtest.rundir import RunDirError
+from kvops.abtest.session import AbTestRequest, run_ab_test
+from kvops.loadgen.record import RequestRecord
+from kvops.metrics import parse_slo
+from kvops.report.abtest_table import render_table
+from kvops.workload.calibrate import AlphabetError
+from kvops.workload.spec import PRESET_NAMES, SpecError, WorkloadSpec, load_preset, load_spec_file
+
+EXAMPLES = """
+\b
+Examples:
+  kvops ab-test                                   # embedded sim engines, multi-shared-prefix
+  kvops ab-test --scenario all --scale 0.25       # the three seed cases in one table (make demo)
+  kvops ab-test --arm baseline=http://gpu1:8000 --arm offload=http://gpu2:8000 \\
+      --scenario multi-shared-prefix --trials 4 --out runs/ab-gpu1
+  kvops ab-test --arm baseline=URL --arm offload=URL --workload my-traffic.yaml --json
+  kvops ab-test --resume runs/ab-gpu1             # continue an interrupted run
+\b
+Exit codes: 0 all requests succeeded; 1 some requests failed (counted per arm, records kept);
+2 usage error or an arm unreachable at start; 130 interrupted (Ctrl-C; results still written).
+"""
+
+
+def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> list[WorkloadSpec]:
+    if workload is not None and scenario is not None:
+        raise click.UsageError("give either --scenario or --workload, not both")
+    if workload is not None:
+        specs = [load_spec_file(workload)]
+    elif scenario in (None, "all"):
+        specs = [load_preset(n) for n in (PRESET_NAMES if scenario == "all" else PRESET_NAMES[2:])]
+    else:
+        specs = [load_preset(str(scenario))]
+    return [s.scaled(scale) for s in specs]
+
+
+@click.command("ab-test", epilog=EXAMPLES)
+@click.option(
+    "--arm",
+    "arms",
+    multiple=True,
+    metavar="NAME=URL",
+    help="An arm to compare (two or more; the first is the baseline). "
+    "None: two embedded sim engines, offload off and on.",
+)
+@click.option(
+    "--scenario",
+    type=click.Choice([*PRESET_NAMES, "all"]),
+    default=None,
+    help="Preset workload, or all three (default: multi-shared-prefix).",
+)
+@click.option(
+    "--workload",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Workload spec YAML (strict: unknown keys are errors).",
+)
+@click.option(
+    "--scale",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Shrink every token length by this factor (embedded engines shrink their KV cache alike).",
+)
+@click.option(
+    "--trials",
+    type=click.IntRange(1),
+    default=2,
+    show_default=True,
+    help="Trials per arm, in ABBA order.",
+)
+@click.option(
+    "--warmup-iterations",
+    type=click.IntRange(0),
+    default=1,
+    show_default=True,
+    help="Leading iterations of each trial that are sent but not measured.",
+)
+@click.option(
+    "--reset-cache/--no-reset-cache",
+    default=True,
+    show_default=True,
+    help="POST /reset_prefix_cache before each segment (when the server has it).",
+)
+@click.option(
+    "--model",
+    default=None,
+    help="Model name for every arm (default: the first model each arm lists on /v1/models).",
+)
+@click.option(
+    "--vocab-size",
+    type=click.IntRange(2),
+    default=None,
+    help="Model vocabulary size for token-id prompts (default: learned via /tokenize).",
+)
+@click.option(
+    "--text-prompts", is_flag=True, help="Send text calibrated via /tokenize instead of token ids."
+)
+@click.option(
+    "--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Per-request limit, seconds.",
+)
+@click.option(
+    "--stall-timeout",
+    "stall_timeout_s",
+    type=click.FloatRange(0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Longest silence within a stream, seconds.",
+)
+@click.option(
+    "--slo",
+    default=None,
+    metavar="ttft_ms=N,tpot_ms=N",
+    help="Goodput SLOs (ms; ttft_ms, tpot_ms, e2el_ms).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Run directory (default: runs/ab-test-<UTC time>).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace a previous run in --out.")
+@click.option(
+    "--resume",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    default=None,
+    help="Continue the interrupted run in this directory.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print results.json to stdout.")
+@click.option("--sim-gpu", default="h100-sxm-80gb", show_default=True)
+@click.option("--sim-model", default="llama-3.1-8b", show_default=True)
+@click.option("--sim-storage", default="ontap-nfs-rdma-200g", show_default=True)
+@click.option(
+    "--sim-time-scale",
+    type=click.FloatRange(0, min_open=True),
+    default=0.05,
+    show_default=True,
+    help="Embedded engines: wall seconds per simulated second.",
+)
+def ab_test(**kw: Any) -> None:
+    """Compare serving with and without KV-cache offload on the same workload.
+
+    Runs the workload against each arm over several trials (ABBA order), one arm at a time,
+    and reports each arm's vLLM-bench-serve metrics, each delta with a bootstrap 95% CI and
+    a verdict: offload helps / hurts / no significant difference. Every request is recorded
+    as it completes in the run directory, with the spec, arm URLs and /version answers.
+    """
+    err = Console(stderr=True)
+    out = Console(width=None if sys.stdout.isatty() else 120)
+    args = CliArgs(**kw)
+    try:
+        req = _request(args)
+    except (SpecError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("errors {task.fields[errors]}"), TimeElapsedColumn(), console=err,
+        transient=True,
+    )  # fmt: skip
+    task = progress.add_task("starting", total=None, errors=0)
+    errors = [0]
+
+    def on_record(rec: RequestRecord) -> None:
+        errors[0] += 0 if rec.ok else 1
+        progress.update(task, advance=1, errors=errors[0])
+
+    hooks = Hooks(
+        on_start=lambda total: progress.update(task, total=total, description="requests"),
+        on_record=on_record,
+        on_segment=lambda text: progress.update(task, description=text),
+        warn=lambda text: progress.console.print(f"[bold yellow]warning:[/] {text}"),
+    )
+    try:
+        with progress:
+            outcome = run_ab_test(req, hooks)
+    except (ArmUnreachable, ExperimentError, RunDirError, AlphabetError, EngineStartError,
+            SpecError) as exc:  # fmt: skip
+        err.print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)
+    doc = outcome.results.doc
+    if args.as_json:
+        import json
+
+        click.echo(json.dumps(doc, indent=2))
+        render_table(doc, Console(stderr=True, width=None if sys.stderr.isatty() else 120))
+    else:
+        render_table(doc, out)
+    err.print(
+        f"[dim]run directory: {req.out} (results.json, report.md, report.html, records.jsonl)[/]"
+    )
+    if outcome.interrupted:
+        sys.exit(130)
+    sys.exit(1 if outcome.results.any_errors else 0)
+
+
+@dataclass
+class CliArgs:
+    """The command's options, typed (click hands them over as keyword arguments)."""
+
+    arms: tuple[str, ...]
+    scenario: str | None
+    workload: Path | None
+    scale: float
+    trials: int
+    warmup_iterations: int
+    reset_cache: bool
+    model: str | None
+    vocab_size: int | None
+    text_prompts: bool
+    api: str
+    timeout_s: float
+    stall_timeout_s: float
+    slo: str | None
+    seed: int
+    out: Path | None
+    overwrite: bool
+    resume: Path | None
+    as_json: bool
+    sim_gpu: str
+    sim_model: str
+    sim_storage: str
+    sim_time_scale: float
+
+
+def _request(a: CliArgs) -> AbTestRequest:
+    if a.resume is not None:
+        return AbTestRequest(out=a.resume, resume=True)
+    arms = [parse_arm(text) for text in a.arms]
+    if len(arms) == 1:
+        raise ValueError("give two or more --arm (the first is the baseline), or none")
+    if len({arm.name for arm in arms}) != len(arms):
+        raise ValueError("arm names must be unique")
+    if a.model:
+        arms = [Arm(arm.name, arm.url, a.model) for arm in arms]
+    scenarios = _scenarios(a.scenario, a.workload, a.scale)
+    options = Options(
+        trials=a.trials,
+        warmup_iterations=a.warmup_iterations,
+        reset_cache=a.reset_cache,
+        timeout_s=a.timeout_s,
+        stall_timeout_s=a.stall_timeout_s,
+        vocab_size=a.vocab_size,
+        text_prompts=a.text_prompts,
+        api=a.api,
+    )
+    for s in scenarios:
+        if s.iterations <= options.warmup_iterations:
+            raise ValueError(
+                f"scenario {s.name}: {s.iterations} iteration(s) leave none to measure after "
+                f"--warmup-iterations {options.warmup_iterations}"
+            )
+    out = a.out or Path("runs") / time.strftime("ab-test-%Y%m%dT%H%M%SZ", time.gmtime())
+    return AbTestRequest(
+        out=out,
+        arms=arms,
+        scenarios=scenarios,
+        options=options,
+        scale=a.scale,
+        sim=SimProfile(a.sim_model, a.sim_gpu, a.sim_storage, a.sim_time_scale),
+        seed=a.seed,
+        slo=parse_slo(a.slo),
+        overwrite=a.overwrite,
+    )
