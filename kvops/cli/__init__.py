@@ -37,3 +37,7 @@ main.add_command(validate)
 from kvops.cli.lab import lab  # noqa: E402
 
 main.add_command(lab)
+
+from kvops.cli.ab_test import ab_test  # noqa: E402
+
+main.add_command(ab_test)
