@@ -350,3 +350,21 @@ def write_bundles(directory: Path = EVIDENCE_DIR) -> None:
 
 if __name__ == "__main__":
     write_bundles()
+
+
+def findings_for(doc: dict[str, Any], check_id: str) -> list[tuple[str, str]]:
+    """(severity, message) of one check's findings on a document: what tests assert on."""
+    from kvops.validate import judge
+
+    return [(str(f.severity), f.message) for f in judge(doc) if f.check_id == check_id]
+
+
+def edited(**items: dict[str, Any] | None) -> dict[str, Any]:
+    """The healthy document with some items replaced (None removes the item)."""
+    doc = healthy()
+    for item_id, item in items.items():
+        if item is None:
+            doc["items"].pop(item_id, None)
+        else:
+            doc["items"][item_id] = item
+    return doc

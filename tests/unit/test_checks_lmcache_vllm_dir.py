@@ -1,0 +1,137 @@
+"""LMCache, vLLM and GDS-directory judges."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from evidence_builders import (
+    KV_TRANSFER,
+    LMCACHE_YAML,
+    command,
+    edited,
+    file_item,
+    findings_for,
+    healthy,
+    http_item,
+)
+
+
+def env(doc: dict[str, Any]) -> dict[str, str]:
+    return doc["items"]["vllm_env"]["data"]["env"]  # type: ignore[no-any-return]
+
+
+def test_baseline_host_skips_lmcache_checks() -> None:
+    doc = healthy()
+    doc["settings"]["role"] = "baseline"
+    for check_id in ("GDS-060", "GDS-061", "GDS-062", "GDS-063", "GDS-064"):
+        assert findings_for(doc, check_id)[0][0] == "SKIP", check_id
+    [(severity, message)] = findings_for(doc, "GDS-072")
+    assert severity == "WARN" and "baseline host runs LMCacheConnectorV1" in message
+
+
+def test_gds_path_from_env_on_local_disk_fails() -> None:
+    doc = healthy()
+    env(doc)["LMCACHE_GDS_PATH"] = "/var/tmp/kv"
+    doc["items"]["mounts"]["stdout"] += "/dev/sda3 / xfs rw 0 0\n"
+    [(severity, message)] = findings_for(doc, "GDS-060")
+    assert severity == "FAIL" and "env LMCACHE_GDS_PATH" in message
+
+
+def test_gds_path_unset_and_no_config_at_all() -> None:
+    doc = edited(lmcache_config=file_item("/etc/lmcache/gds.yaml", "chunk_size: 256\n"))
+    assert findings_for(doc, "GDS-060")[0][0] == "FAIL"
+    gone = file_item("/etc/lmcache/gds.yaml", "", error="ENOENT")
+    doc = edited(lmcache_config=gone)
+    del env(doc)["LMCACHE_CONFIG_FILE"]
+    [(severity, message)] = findings_for(doc, "GDS-060")
+    assert severity == "FAIL" and "no LMCache config" in message
+
+
+def test_old_lmcache_needs_the_old_key() -> None:
+    doc = edited(lmcache_version=command(["python"], "0.4.3\n"))
+    [(severity, message)] = findings_for(doc, "GDS-061")
+    assert severity == "FAIL" and "reads cufile_buffer_size" in message
+    old_yaml = LMCACHE_YAML.replace("gds_buffer_size", "cufile_buffer_size")
+    doc["items"]["lmcache_config"]["stdout"] = old_yaml
+    assert findings_for(doc, "GDS-061")[0][0] == "PASS"
+
+
+def test_unknown_lmcache_version_warns_and_missing_key_fails() -> None:
+    doc = edited(lmcache_version=command(["python"], "", exit_code=1))
+    assert findings_for(doc, "GDS-061")[0][0] == "WARN"
+    doc = edited(lmcache_config=file_item("/x.yaml", "gds_path: /mnt/lmcache\n"))
+    [(severity, message)] = findings_for(doc, "GDS-061")
+    assert severity == "FAIL" and "not set" in message
+
+
+def test_hash_seed() -> None:
+    doc = healthy()
+    del env(doc)["PYTHONHASHSEED"]
+    assert findings_for(doc, "GDS-062")[0][0] == "FAIL"
+    doc["items"]["lmcache_config"]["stdout"] += "pre_caching_hash_algorithm: sha256_cbor\n"
+    assert findings_for(doc, "GDS-062")[0][0] == "PASS"
+
+
+def test_prometheus_dir_and_metrics() -> None:
+    doc = healthy()
+    del env(doc)["PROMETHEUS_MULTIPROC_DIR"]
+    assert findings_for(doc, "GDS-063")[0][0] == "WARN"
+    vllm_only = "# TYPE vllm:x gauge\nvllm:x 1\n"
+    doc = edited(http_metrics=http_item("http://h/metrics", 200, vllm_only))
+    assert findings_for(doc, "GDS-073")[0][0] == "WARN"
+
+
+def test_misspelled_lmcache_key_warns() -> None:
+    doc = healthy()
+    doc["items"]["lmcache_config"]["stdout"] += "local_cpus: false\n"
+    [(severity, message)] = findings_for(doc, "GDS-064")
+    assert severity == "WARN" and "local_cpus" in message
+
+
+def test_unhealthy_and_wrong_model() -> None:
+    doc = edited(http_health=http_item("http://h/health", 503, ""))
+    [(severity, message)] = findings_for(doc, "GDS-070")
+    assert severity == "FAIL" and "HTTP 503" in message
+    down = edited(http_health=http_item("http://h/health", None, ""))
+    assert findings_for(down, "GDS-070")[0][0] == "FAIL"
+    other = json.dumps({"object": "list", "data": [{"id": "other/model"}]})
+    assert findings_for(edited(http_models=http_item("u", 200, other)), "GDS-071")[0][0] == "FAIL"
+    junk = edited(http_models=http_item("u", 200, "<html>"))
+    assert findings_for(junk, "GDS-071")[0][0] == "FAIL"
+
+
+def test_connector_from_unit_file_when_process_missing() -> None:
+    doc = edited(vllm_process=None)
+    assert findings_for(doc, "GDS-072")[0][0] == "PASS"  # ExecStart with a \ continuation
+    unit = "[Service]\nExecStart=/opt/vllm/bin/vllm serve m --port 8000\n"
+    doc = edited(vllm_process=None, vllm_unit=command(["systemctl"], unit))
+    [(severity, message)] = findings_for(doc, "GDS-072")
+    assert severity == "FAIL" and "kv_connector=None" in message
+
+
+def test_extra_config_from_kv_transfer_config_overrides_file() -> None:
+    kv = json.loads(KV_TRANSFER) | {"kv_connector_extra_config": {"lmcache.gds_path": "/tmp/x"}}
+    doc = healthy()
+    doc["items"]["vllm_process"]["data"]["argv"][-1] = json.dumps(kv)
+    doc["items"]["mounts"]["stdout"] += "tmpfs /tmp tmpfs rw 0 0\n"
+    [(severity, message)] = findings_for(doc, "GDS-060")
+    assert severity == "FAIL" and "kv_connector_extra_config" in message
+
+
+def test_gds_dir_problems() -> None:
+    doc = healthy()
+    data = doc["items"]["gds_dir"]["data"]
+    data.update(
+        writable_by_service_user=False,
+        tmp_file_count=3,
+        tmp_files=["/mnt/lmcache/12/34/a.kvcache.safetensors.tmp1a2b3c4d"],
+        free_bytes=2 * 2**30,
+    )
+    assert findings_for(doc, "GDS-080")[0][0] == "FAIL"
+    [(severity, message)] = findings_for(doc, "GDS-081")
+    assert severity == "WARN" and "3 leftover" in message
+    assert findings_for(doc, "GDS-082") == [("FAIL", "2.0 GiB free (minimum 10 GiB)")]
+    data["exists"] = False
+    assert findings_for(doc, "GDS-080")[0][0] == "FAIL"
+    assert findings_for(doc, "GDS-081")[0][0] == "SKIP"

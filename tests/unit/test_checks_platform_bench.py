@@ -1,0 +1,93 @@
+"""gdscheck verdicts, IOMMU, and the storage bench judges."""
+
+from __future__ import annotations
+
+from evidence_builders import command, data_item, edited, file_item, findings_for, fixture, healthy
+
+from kvops.checks.model import Thresholds
+from kvops.validate import judge
+
+
+def gdscheck(name: str) -> dict[str, object]:
+    return command(["gdscheck", "-p"], fixture(f"gdscheck/{name}"))
+
+
+def test_nfs_unsupported_gds10_fails() -> None:
+    doc = edited(gdscheck=gdscheck("quadro-p1000-gds1.0-nvme-only-nfs-unsupported.txt"))
+    [(severity, message)] = findings_for(doc, "GDS-040")
+    assert severity == "FAIL" and "unsupported" in message
+
+
+def test_gdscheck_missing_warns_with_install_hint() -> None:
+    doc = edited(gdscheck=command(["gdscheck", "-p"], "", exit_code=127))
+    findings = [f for f in judge(doc) if f.check_id == "GDS-040"]
+    assert [str(f.severity) for f in findings] == ["WARN"]
+    assert "gds-tools" in findings[0].remedy
+    assert findings_for(doc, "GDS-041")[0][0] == "SKIP"
+
+
+def test_platform_verification_failed() -> None:
+    text = fixture("gdscheck/openshift-l40s-netapp-nfs-rdma-supported.txt").replace(
+        "succeeded", "failed"
+    )
+    doc = edited(gdscheck=command(["gdscheck", "-p"], text))
+    assert findings_for(doc, "GDS-041")[0][0] == "FAIL"
+
+
+def test_iommu_from_cmdline_groups_and_gdscheck() -> None:
+    on = file_item("/proc/cmdline", "ro intel_iommu=on\n")
+    assert findings_for(edited(cmdline=on), "GDS-042")[0][0] == "FAIL"
+    passthrough = file_item("/proc/cmdline", "ro intel_iommu=on iommu=pt\n")
+    assert findings_for(edited(cmdline=passthrough), "GDS-042")[0][0] == "PASS"
+    groups = data_item("sysfs", "/sys/kernel/iommu_groups", {"group_count": 42})
+    assert findings_for(edited(iommu=groups), "GDS-042")[0][0] == "FAIL"
+    only_gdscheck = edited(cmdline=None, iommu=None)
+    assert findings_for(only_gdscheck, "GDS-042") == [("PASS", "gdscheck: IOMMU disabled")]
+
+
+def test_slow_link_share_warns() -> None:
+    doc = healthy()
+    doc["items"]["infiniband"]["data"]["devices"][0]["ports"][0]["rate"] = "200 Gb/sec (4X HDR)"
+    [(severity, message)] = findings_for(doc, "GDS-050")
+    assert severity == "WARN" and "11% of the 200 Gb/s link" in message
+    lenient = [
+        str(f.severity)
+        for f in judge(doc, Thresholds(bench_min_link_share=0.1))
+        if f.check_id == "GDS-050"
+    ]
+    assert lenient == ["PASS"]
+
+
+def test_bench_not_requested_skips_and_failed_gdsio_fails() -> None:
+    doc = edited(gdsio_write=None, gdsio_read=None, nvfs_stats_before_bench=None)
+    assert findings_for(doc, "GDS-050")[0][0] == "SKIP"
+    assert findings_for(doc, "GDS-051")[0][0] == "SKIP"
+    broken = command(["gdsio"], "", exit_code=1, stderr="cuFileHandleRegister failed")
+    [(severity, message)] = findings_for(edited(gdsio_write=broken), "GDS-050")
+    assert severity == "FAIL" and "cuFileHandleRegister" in message
+
+
+def test_cpu_only_bench_is_not_gds() -> None:
+    lines = fixture("gdsio/quadro-p1000-ext4-nvme-xfer-types.txt").splitlines()
+    cpu_only = "\n".join(ln for ln in lines if "CPUONLY" in ln)
+    doc = edited(gdsio_write=command(["gdsio"], cpu_only), gdsio_read=None)
+    assert findings_for(doc, "GDS-050")[0][0] == "FAIL"
+
+
+def test_small_io_only_is_not_judged_against_the_link() -> None:
+    doc = healthy()
+    doc["items"].pop("gdsio_write")
+    [(severity, message)] = findings_for(doc, "GDS-050")
+    assert severity == "SKIP" and "1024 KiB" in message
+
+
+def test_link_rate_unknown_skips() -> None:
+    assert findings_for(edited(infiniband=None), "GDS-050")[0][0] == "SKIP"
+
+
+def test_only_writes_counted_fails() -> None:
+    doc = healthy()
+    after = doc["items"]["nvfs_stats_after_bench"]
+    after["stdout"] = after["stdout"].replace("Reads : n=312794", "Reads : n=0")
+    [(severity, message)] = findings_for(doc, "GDS-051")
+    assert severity == "FAIL" and "+0 reads" in message
