@@ -107,6 +107,7 @@ GDSIO_READ = "gdsio_read"
 NVFS_STATS_BEFORE_BENCH = "nvfs_stats_before_bench"
 NVFS_STATS_AFTER_BENCH = "nvfs_stats_after_bench"
 VLLM_UNIT = "vllm_unit"
+VLLM_UNIT_SHOW = "vllm_unit_show"
 VLLM_PROCESS = "vllm_process"
 VLLM_ENV = "vllm_env"
 LMCACHE_CONFIG = "lmcache_config"
@@ -168,6 +169,10 @@ ITEM_SOURCES: dict[str, str] = {
     NVFS_STATS_BEFORE_BENCH: "file /proc/driver/nvidia-fs/stats read just before gdsio_write.",
     NVFS_STATS_AFTER_BENCH: "file /proc/driver/nvidia-fs/stats read just after gdsio_read.",
     VLLM_UNIT: "command ['systemctl', 'cat', <vllm_service>] (unit file incl. drop-ins).",
+    VLLM_UNIT_SHOW: (
+        "command ['systemctl', 'show', <vllm_service>, '-p', 'LoadState,ActiveState,MainPID,"
+        "User', '-p', 'Environment,EnvironmentFiles,ExecStart'] (KEY=VALUE lines)."
+    ),
     VLLM_PROCESS: (
         "sysfs /proc/<MainPID>; data = {'pid': int, 'user': str, 'argv': [..]} of the running "
         "vLLM service (argv from /proc/<pid>/cmdline); absent/error when not running."
@@ -189,7 +194,8 @@ ITEM_SOURCES: dict[str, str] = {
         "'bytes': int, 'tmp_file_count': int, 'tmp_files': [first paths], 'free_bytes': int, "
         "'total_bytes': int, 'owner': str, 'group': str, 'mode': '0o2775', "
         "'service_user': str, 'writable_by_service_user': bool|None}. tmp files = names "
-        "containing '.tmp' (LMCache writes <file>.tmp<hex> then renames)."
+        "containing '.tmp' (LMCache writes <file>.tmp<hex> then renames). `error` may be set "
+        "with partial data (cannot stat → exists false; walk stopped early)."
     ),
     HTTP_HEALTH: "http GET <vllm_url>/health (200 healthy, 503 engine dead).",
     HTTP_VERSION: "http GET <vllm_url>/version (body {'version': 'x.y.z'}).",

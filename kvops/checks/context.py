@@ -60,9 +60,11 @@ class Context:
         reasons = "; ".join(self.problem(i) for i in item_ids)
         return finding(check_id, Severity.SKIP, why or f"input missing: {reasons}")
 
-    def data(self, item_id: str) -> dict[str, Any] | None:
+    def data(self, item_id: str, partial_ok: bool = False) -> dict[str, Any] | None:
+        """The item's structured data; with an `error` only when `partial_ok` (e.g. a GDS
+        directory that cannot be stat'ed still says `exists: false`)."""
         item = self.item(item_id)
-        if item is None or item.get("error"):
+        if item is None or (item.get("error") and not partial_ok):
             return None
         value = item.get("data")
         return value if isinstance(value, dict) else None

@@ -19,14 +19,16 @@ def _summary(data: dict[str, object]) -> str:
 
 
 def check_writable(ctx: Context) -> list[Finding]:
-    data = ctx.data(ev.GDS_DIR)
+    data = ctx.data(ev.GDS_DIR, partial_ok=True)
     if data is None:
         if ctx.gds_dir is None:
             return [finding("GDS-080", Severity.SKIP, "settings.gds_dir not set")]
         return [ctx.skip("GDS-080", ev.GDS_DIR)]
-    path = ev.source_text(ctx.item(ev.GDS_DIR))
+    item = ctx.item(ev.GDS_DIR)
+    path = ev.source_text(item)
     if not data.get("exists") or data.get("is_dir") is False:
-        return [finding("GDS-080", Severity.FAIL, f"{path} does not exist or is not a directory")]
+        why = (item or {}).get("error") or "does not exist or is not a directory"
+        return [finding("GDS-080", Severity.FAIL, f"{path}: {why}")]
     user = data.get("service_user") or ctx.settings.get("service_user") or "?"
     writable = data.get("writable_by_service_user")
     if writable is True:
@@ -37,7 +39,7 @@ def check_writable(ctx: Context) -> list[Finding]:
 
 
 def check_tmp_files(ctx: Context) -> list[Finding]:
-    data = ctx.data(ev.GDS_DIR)
+    data = ctx.data(ev.GDS_DIR, partial_ok=True)
     if data is None or not data.get("exists"):
         return [finding("GDS-081", Severity.SKIP, "GDS directory not inspected (see GDS-080)")]
     count = data.get("tmp_file_count")
@@ -50,7 +52,7 @@ def check_tmp_files(ctx: Context) -> list[Finding]:
 
 
 def check_free_space(ctx: Context) -> list[Finding]:
-    data = ctx.data(ev.GDS_DIR)
+    data = ctx.data(ev.GDS_DIR, partial_ok=True)
     if data is None or not isinstance(data.get("free_bytes"), int):
         return [finding("GDS-082", Severity.SKIP, "free space not reported (see GDS-080)")]
     free_gib = int(data["free_bytes"]) / GIB

@@ -135,3 +135,17 @@ def test_gds_dir_problems() -> None:
     data["exists"] = False
     assert findings_for(doc, "GDS-080")[0][0] == "FAIL"
     assert findings_for(doc, "GDS-081")[0][0] == "SKIP"
+
+
+def test_gds_dir_that_cannot_be_stat_ed_fails_with_the_reason() -> None:
+    doc = healthy()
+    doc["items"]["gds_dir"]["error"] = "cannot stat /mnt/lmcache: [Errno 2] No such file"
+    doc["items"]["gds_dir"]["data"] = {"exists": False, "is_dir": False, "service_user": "vllm"}
+    [(severity, message)] = findings_for(doc, "GDS-080")
+    assert severity == "FAIL" and "No such file" in message
+
+
+def test_partial_gds_dir_walk_still_judged() -> None:
+    doc = healthy()
+    doc["items"]["gds_dir"]["error"] = "directory walk stopped after 200000 entries"
+    assert findings_for(doc, "GDS-082")[0][0] == "PASS"
