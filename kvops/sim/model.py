@@ -20,7 +20,8 @@ Python API::
     # or in one call:
     records = simulate(requests, model="llama-3.1-8b", settings=settings)
 
-Profiles may be names (see `kvops.sim.profiles.known_names`) or paths to YAML files.
+Profiles may be names (see `kvops.sim.profiles.known_names`), paths to YAML files, or profile
+objects (`dataclasses.replace(load_storage(...), read_bandwidth_gb_s=...)` for a sweep).
 Incremental use (the server): `engine.add_request(req)`, then `engine.step()` repeatedly while
 `engine.has_work()`; each `StepResult` says which requests got a token at `end_s`. When nothing
 is runnable, `step()` jumps virtual time to the next arrival.
@@ -46,7 +47,14 @@ from kvops.sim.hashing import BLOCK_SALT, CHUNK_SALT, as_token_array, boundary_h
 from kvops.sim.kvcache import GpuKvCache
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.offload import OffloadTier
-from kvops.sim.profiles import load_gpu, load_model, load_storage
+from kvops.sim.profiles import (
+    GpuProfile,
+    ModelProfile,
+    StorageProfile,
+    load_gpu,
+    load_model,
+    load_storage,
+)
 from kvops.sim.records import EngineStats, Request, RequestRecord, StepResult
 
 __all__ = [
@@ -385,14 +393,17 @@ class Engine:
 
 
 def build_engine(
-    model: str = "llama-3.1-8b",
-    gpu: str = "h100-sxm-80gb",
-    storage: str = "ontap-nfs-rdma-200g",
+    model: str | ModelProfile = "llama-3.1-8b",
+    gpu: str | GpuProfile = "h100-sxm-80gb",
+    storage: str | StorageProfile = "ontap-nfs-rdma-200g",
     settings: EngineSettings | None = None,
 ) -> Engine:
-    """An engine from profile names (or YAML paths) and settings; ProfileError on a bad name."""
+    """An engine from profiles (names, YAML paths, or profile objects, e.g. a storage profile
+    with a swept bandwidth) and settings; ProfileError on a bad name."""
     settings = settings or EngineSettings()
-    model_p, gpu_p, storage_p = load_model(model), load_gpu(gpu), load_storage(storage)
+    model_p = load_model(model) if isinstance(model, str) else model
+    gpu_p = load_gpu(gpu) if isinstance(gpu, str) else gpu
+    storage_p = load_storage(storage) if isinstance(storage, str) else storage
     costs = CostModel(gpu_p, model_p, settings.tensor_parallel_size)
     lm = settings.lmcache
     offload = None
@@ -405,6 +416,7 @@ def build_engine(
             load_storage("host-dram"),
             costs.kv_bytes_per_token,
             settings.tensor_parallel_size,
+            settings.kv_capacity_scale,
         )
         if lm.gds_path:
             reserved = lm.staging_buffer_mib * 1024**2
@@ -429,9 +441,9 @@ def build_engine(
 
 def simulate(
     requests: Iterable[Request],
-    model: str = "llama-3.1-8b",
-    gpu: str = "h100-sxm-80gb",
-    storage: str = "ontap-nfs-rdma-200g",
+    model: str | ModelProfile = "llama-3.1-8b",
+    gpu: str | GpuProfile = "h100-sxm-80gb",
+    storage: str | StorageProfile = "ontap-nfs-rdma-200g",
     settings: EngineSettings | None = None,
 ) -> list[RequestRecord]:
     """Build an engine and run `requests` through it; per-request records in input order."""

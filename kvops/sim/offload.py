@@ -51,8 +51,10 @@ class OffloadTier:
         host_dram: StorageProfile,
         kv_bytes_per_token: int,
         world_size: int,
+        capacity_scale: float = 1.0,
     ) -> None:
         self.settings = settings
+        self.capacity_scale = capacity_scale
         self.chunk_size = settings.chunk_size
         self.chunk_bytes = float(kv_bytes_per_token * settings.chunk_size)
         self.files_per_chunk = world_size
@@ -77,7 +79,9 @@ class OffloadTier:
             )
 
     def _chunks(self, size_gb: float) -> int:
-        return int(size_gb * 1e9 // self.chunk_bytes)
+        """Capacity in chunks; scaled like the GPU pool (`kv_capacity_scale`) so a scaled-down
+        workload overflows every bounded level as the full-size one would."""
+        return int(size_gb * 1e9 * self.capacity_scale // self.chunk_bytes)
 
     @property
     def persistent_level(self) -> _Level | None:
