@@ -46,6 +46,8 @@ def test_gds_path_unset_and_no_config_at_all() -> None:
     del env(doc)["LMCACHE_CONFIG_FILE"]
     [(severity, message)] = findings_for(doc, "GDS-060")
     assert severity == "FAIL" and "no LMCache config" in message
+    for check_id in ("GDS-061", "GDS-062", "GDS-064"):  # one FAIL for one cause
+        assert findings_for(doc, check_id)[0][0] == "SKIP"
 
 
 def test_old_lmcache_needs_the_old_key() -> None:
