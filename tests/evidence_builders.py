@@ -127,7 +127,7 @@ def healthy() -> dict[str, Any]:
         "nvidia_smi": command(["nvidia-smi", "--query-gpu=...", "--format=csv"], NVIDIA_SMI_CSV),
         "nvidia_driver_version": file_item("/proc/driver/nvidia/version", PROC_OPEN),
         "modules": file_item("/proc/modules", PROC_MODULES, synthetic=True),
-        "nvfs_version": file_item("/proc/driver/nvidia-fs/version", "version: 2.20.5\n"),
+        "nvfs_version": file_item("/proc/driver/nvidia-fs/version", "version: 2.20\n"),
         "nvfs_stats": file_item(
             "/proc/driver/nvidia-fs/stats",
             fixture("nvidia-fs/nvidia-docs-stats-gds1.0-16gpu-mib.txt"),

@@ -38,14 +38,25 @@ def check_driver_version(ctx: Context) -> list[Finding]:
 
 
 def _nvfs_version(ctx: Context) -> str | None:
-    gdscheck = ctx.gdscheck
-    if gdscheck is not None and gdscheck.nvidia_fs_version:
-        return gdscheck.nvidia_fs_version
+    """The kernel's own `/proc/driver/nvidia-fs/version` ("version: 2.20", major.minor), else
+    gdscheck's header, else the stats' `NVFS Driver(version: 2:7:47)`."""
     text = ctx.text(ev.NVFS_VERSION)
     if text and version_tuple(text.split(":")[-1]):
         return text.split(":")[-1].strip()
+    gdscheck = ctx.gdscheck
+    if gdscheck is not None and gdscheck.nvidia_fs_version:
+        return gdscheck.nvidia_fs_version
     stats = ctx.nvfs_stats
     return stats.driver_version if stats is not None else None
+
+
+def below(version: str | None, minimum: str) -> bool | None:
+    """Whether `version` is below `minimum`, compared at the precision `version` has: the
+    kernel prints "2.17" for 2.17.x, which is not provably below 2.17.5. None if unparsable."""
+    have, need = version_tuple(version), version_tuple(minimum)
+    if have is None or need is None:
+        return None
+    return have < need[: len(have)]
 
 
 def check_open_kernel_module(ctx: Context) -> list[Finding]:
@@ -65,8 +76,7 @@ def check_open_kernel_module(ctx: Context) -> list[Finding]:
         return [finding("GDS-002", Severity.PASS, "open kernel module loaded", excerpt)]
     nvfs = _nvfs_version(ctx)
     limit = ctx.thresholds.open_module_required_from_nvfs
-    have, need = version_tuple(nvfs), version_tuple(limit)
-    if have is not None and need is not None and have < need:
+    if below(nvfs, limit):
         message = f"proprietary kernel module; nvidia-fs {nvfs} < {limit} still works with it"
         return [finding("GDS-002", Severity.WARN, message, excerpt)]
     message = (

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from kvops import evidence as ev
 from kvops.checks.context import Context
-from kvops.checks.driver import _nvfs_version
+from kvops.checks.driver import _nvfs_version, below
 from kvops.checks.model import Finding, Severity, finding
-from kvops.parse._common import version_tuple
 
 
 def check_loaded(ctx: Context) -> list[Finding]:
@@ -24,8 +23,7 @@ def check_version(ctx: Context) -> list[Finding]:
     if version is None:
         return [ctx.skip("GDS-011", ev.NVFS_VERSION, ev.GDSCHECK, ev.NVFS_STATS)]
     minimum = ctx.thresholds.min_nvidia_fs_version
-    have, need = version_tuple(version), version_tuple(minimum)
-    if have is not None and need is not None and have < need:
+    if below(version, minimum):
         return [finding("GDS-011", Severity.FAIL, f"nvidia_fs {version} < minimum {minimum}")]
     return [finding("GDS-011", Severity.PASS, f"nvidia_fs {version} (minimum {minimum})")]
 

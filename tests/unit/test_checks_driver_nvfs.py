@@ -40,10 +40,18 @@ def test_no_driver_at_all_fails() -> None:
 
 
 def test_proprietary_module_with_old_nvidia_fs_is_only_a_warning() -> None:
-    doc = edited(nvidia_driver_version=file_item("/proc/driver/nvidia/version", PROC_PROPRIETARY))
-    doc["items"]["gdscheck"]["stdout"] = doc["items"]["gdscheck"]["stdout"].replace(
-        "nvidia_fs version:  2.20", "nvidia_fs version:  2.17"
+    proprietary = file_item("/proc/driver/nvidia/version", PROC_PROPRIETARY)
+    doc = edited(
+        nvidia_driver_version=proprietary,
+        nvfs_version=file_item("/proc/driver/nvidia-fs/version", "version: 2.16\n"),
     )
+    assert findings_for(doc, "GDS-002")[0][0] == "WARN"
+    # "2.17" may be 2.17.5 or later: not provably old enough for the proprietary module
+    doc["items"]["nvfs_version"]["stdout"] = "version: 2.17\n"
+    assert findings_for(doc, "GDS-002")[0][0] == "FAIL"
+    # without the version file, the stats' three-part version decides
+    doc = edited(nvidia_driver_version=proprietary, nvfs_version=None, gdscheck=None)
+    assert findings_for(doc, "GDS-011") == [("FAIL", "nvidia_fs 2.7.47 < minimum 2.12")]
     assert findings_for(doc, "GDS-002")[0][0] == "WARN"
 
 
