@@ -1,0 +1,67 @@
+"""Lab fixtures: disposable Debian hosts for the lab tier (see tests/lab/README.md).
+
+``lab``          session: 3 hosts (kvlab-1..3) shared by the roles' lab tests.
+``lab_factory``  session: start more, private labs (own slot, own hosts); all torn down at end.
+
+Without root / network namespaces / unshare the lab tier skips with the reason; with
+``CI=true`` it fails instead, because CI must run it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from lab_harness import LabHosts, LabSession
+
+from kvops.lab.lab import missing_prerequisites
+
+LAB_HOSTS = int(os.environ.get("KVOPS_LAB_HOSTS", "3"))
+
+
+def _require_lab() -> None:
+    reasons = missing_prerequisites()
+    if not reasons:
+        return
+    message = "local lab unavailable: " + "; ".join(reasons)
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + " (CI=true: the lab tier must run here)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def lab_factory() -> Iterator[Callable[..., LabHosts]]:
+    """``lab_factory(hosts=2, variants={...}, host_vars={...})`` -> a fresh private lab."""
+    _require_lab()
+    sessions: list[LabSession] = []
+
+    def make(**kwargs: Any) -> LabHosts:
+        session = LabSession()
+        sessions.append(session)
+        return session.start(**kwargs)
+
+    try:
+        yield make
+    finally:
+        errors = []
+        for session in reversed(sessions):
+            try:
+                session.close()
+            except Exception as exc:  # keep tearing the others down
+                errors.append(str(exc))
+        if errors:
+            pytest.fail("lab teardown: " + "; ".join(errors), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
+    """The shared lab: ``KVOPS_LAB_HOSTS`` (default 3) healthy hosts kvlab-1..N."""
+    return lab_factory(hosts=LAB_HOSTS)
+
+
+@pytest.fixture(scope="session")
+def lab_hosts(lab: LabHosts) -> LabHosts:
+    """Alias of ``lab``."""
+    return lab

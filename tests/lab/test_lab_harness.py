@@ -1,0 +1,203 @@
+"""The lab itself: real SSH with verified host keys, the test apt repo, the doubles, teardown.
+
+Package installs happen on a private one-host lab so the shared ``lab`` hosts stay pristine for
+the roles' converge tests.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import paramiko
+import pytest
+from lab_harness import LabHosts, LabSession
+
+from kvops.lab import net
+from kvops.lab.lab import mounts_under
+
+
+@pytest.fixture(scope="module")
+def scratch(lab_factory: Callable[..., LabHosts]) -> LabHosts:
+    """A private one-host lab these tests may dirty."""
+    return lab_factory(hosts=1, name_prefix="kvscratch")
+
+
+def _paramiko(lab: LabHosts, name: str, known_hosts: Path) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(known_hosts))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.connect(
+        lab.host(name).ip,
+        username=lab.user,
+        key_filename=str(lab.ssh_key_path),
+        look_for_keys=False,
+        allow_agent=False,
+        timeout=10,
+    )
+    return client
+
+
+def test_every_host_answers_ssh_with_its_known_host_key(lab: LabHosts) -> None:
+    assert len(lab.hosts) >= 2
+    for h in lab.hosts:
+        client = _paramiko(lab, h.name, lab.known_hosts_path)
+        try:
+            _, out, _ = client.exec_command("hostname; sudo -n id -u")
+            assert out.read().decode().split() == [h.name, "0"]
+        finally:
+            client.close()
+
+
+def test_an_unknown_host_key_is_rejected(lab: LabHosts, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(paramiko.SSHException):
+        _paramiko(lab, lab.hosts[0].name, empty)
+    wrong = tmp_path / "wrong_known_hosts"
+    other = lab.known_hosts_path.read_text().splitlines()[1].split()[1:]  # host 2's key
+    wrong.write_text(f"{lab.hosts[0].ip} {' '.join(other)}\n")
+    with pytest.raises(paramiko.BadHostKeyException):
+        _paramiko(lab, lab.hosts[0].name, wrong)
+
+
+def test_hosts_are_isolated_namespaces_without_sys_module(lab: LabHosts) -> None:
+    name = lab.hosts[0].name
+    out = lab.ssh(name, ["cat", "/proc/1/comm", "/proc/self/status"]).stdout
+    assert out.splitlines()[0] == "sshd"  # sshd is PID 1 of the host
+    cap_bnd = int(next(x for x in out.splitlines() if x.startswith("CapBnd:")).split()[1], 16)
+    assert not cap_bnd & (1 << 16), "CAP_SYS_MODULE must be dropped"
+    route = lab.ssh(name, ["ip", "-4", "route"]).stdout
+    assert f"default via {lab.gateway_ip}" in route
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "0"
+
+
+def test_ansible_playbook_uses_ssh_with_strict_host_keys(lab: LabHosts, tmp_path: Path) -> None:
+    inventory = lab.inventory_path.read_text()
+    assert "StrictHostKeyChecking=yes" in inventory
+    assert f"UserKnownHostsFile={lab.known_hosts_path}" in inventory
+    playbook = tmp_path / "facts.yml"
+    playbook.write_text(
+        textwrap.dedent(
+            """\
+            - name: Lab facts
+              hosts: gpu_hosts
+              gather_facts: true
+              tasks:
+                - name: The host is the Debian lab host it claims to be
+                  ansible.builtin.assert:
+                    that:
+                      - ansible_facts.distribution == "Debian"
+                      - ansible_facts.default_ipv4.address == ansible_host
+                      - ansible_facts.hostname == inventory_hostname
+            """
+        )
+    )
+    proc = lab.ansible_playbook(playbook)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "failed=0" in proc.stdout
+
+
+def test_apt_installs_pinned_test_packages_from_the_lab_repo(scratch: LabHosts) -> None:
+    h = scratch.hosts[0].name
+    scratch.ssh(
+        h,
+        ["apt-get", "install", "-y", "-q", "nvidia-driver-580-open=580.82.07-0ubuntu1"],
+        sudo=True,
+    )
+    version = scratch.ssh(h, ["dpkg-query", "-W", "-f", "${Version}", "nvidia-driver-580-open"])
+    assert version.stdout == "580.82.07-0ubuntu1"
+    csv = scratch.ssh(h, ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
+    assert csv.stdout.strip() == "NVIDIA L40S, 580.82.07"
+    assert scratch.ssh(h, ["/usr/sbin/modinfo", "-F", "license", "nvidia"]).stdout.strip() == (
+        "Dual MIT/GPL"
+    )
+    # The proprietary double replaces the open one (they conflict, as the real ones do).
+    scratch.ssh(h, ["apt-get", "install", "-y", "-q", "nvidia-driver-580"], sudo=True)
+    gone = scratch.ssh(h, ["dpkg-query", "-W", "nvidia-driver-580-open"], check=False)
+    assert "no packages found" in gone.stderr or gone.returncode != 0
+    assert scratch.ssh(h, ["/usr/sbin/modinfo", "-F", "license", "nvidia"]).stdout.strip() == (
+        "NVIDIA"
+    )
+    assert "nvidia-smi.log" in scratch.ssh(h, ["ls", "/var/log/kvops-test-doubles"]).stdout
+
+
+def test_modprobe_double_records_calls_and_knows_installed_modules(scratch: LabHosts) -> None:
+    h = scratch.hosts[0].name
+    scratch.write_file(h, "/etc/modprobe.d/nvidia-fs.conf", "options nvidia_fs max_devices=32\n")
+    missing = scratch.ssh(h, ["modprobe", "nvidia_fs"], sudo=True, check=False)
+    assert missing.returncode == 1 and "not found" in missing.stderr  # no nvidia-fs-dkms yet
+    scratch.ssh(h, ["apt-get", "install", "-y", "-q", "doca-ofed"], sudo=True)
+    scratch.ssh(h, ["apt-get", "install", "-y", "-q", "nvidia-gds"], sudo=True)
+    scratch.ssh(h, ["modprobe", "rpcrdma"], sudo=True)
+    scratch.ssh(h, ["modprobe", "nvidia_fs"], sudo=True)
+    assert scratch.doubles_log(h, "modprobe")[-3:] == ["nvidia_fs", "rpcrdma", "nvidia_fs"]
+    lsmod = scratch.ssh(h, ["lsmod"]).stdout
+    for module in ("rpcrdma", "sunrpc", "nvidia_fs", "nvidia"):
+        assert f"\n{module} " in lsmod
+    params = "/var/lib/kvops-test-doubles/sys/module/nvidia_fs/parameters/max_devices"
+    assert scratch.read_file(h, params).strip() == "32"
+    stats = scratch.read_file(h, "/var/lib/kvops-test-doubles/evidence/nvidia-fs-stats")
+    assert "Mellanox PeerDirect Supported: True" in stats  # RDMA stack was installed first
+    gdscheck = scratch.ssh(h, ["/usr/local/cuda/gds/tools/gdscheck", "-p"]).stdout
+    assert "NFS                : Supported" in gdscheck
+    scratch.set_variant(h, GDSCHECK="compat")
+    gdscheck = scratch.ssh(h, ["/usr/local/cuda/gds/tools/gdscheck", "-p"]).stdout
+    assert "NFS : compat" in gdscheck
+
+
+def test_mount_nfs_double_mounts_and_records_rdma_options(scratch: LabHosts) -> None:
+    h = scratch.hosts[0].name
+    scratch.ssh(h, ["apt-get", "install", "-y", "-q", "nfs-common"], sudo=True)
+    scratch.ssh(h, ["mkdir", "-p", "/mnt/kv"], sudo=True)
+    fstab = scratch.read_file(h, "/etc/fstab")
+    line = "192.0.2.10:/kvcache /mnt/kv nfs vers=4.1,proto=rdma,port=20049,hard,_netdev 0 0\n"
+    scratch.write_file(h, "/etc/fstab", fstab + line)
+    scratch.ssh(h, ["mount", "/mnt/kv"], sudo=True)
+    assert scratch.ssh(h, ["mountpoint", "-q", "/mnt/kv"], check=False).returncode == 0
+    mounts = scratch.ssh(h, ["/usr/share/kvops-test-doubles/bin/proc-mounts"]).stdout
+    expected = "192.0.2.10:/kvcache /mnt/kv nfs4 rw,relatime,vers=4.1,proto=rdma,port=20049,hard"
+    assert expected in mounts
+    assert scratch.doubles_log(h, "mount.nfs") == [
+        "192.0.2.10:/kvcache /mnt/kv -o rw,vers=4.1,proto=rdma,port=20049,hard,_netdev"
+    ]
+    scratch.ssh(h, ["umount", "/mnt/kv"], sudo=True)
+    mounts = scratch.ssh(h, ["/usr/share/kvops-test-doubles/bin/proc-mounts"]).stdout
+    assert "/mnt/kv" not in mounts
+
+
+def test_restart_replays_modules_load_and_keeps_host_key(scratch: LabHosts) -> None:
+    h = scratch.hosts[0].name
+    scratch.write_file(h, "/etc/modules-load.d/rpcrdma.conf", "# NFS over RDMA\nrpcrdma\n")
+    scratch.ssh(h, ["touch", "/root/survives-reboot"], sudo=True)
+    scratch.restart(h)
+    lsmod = scratch.ssh(h, ["lsmod"]).stdout  # strict host key checking still passes
+    assert "\nrpcrdma " in lsmod and "\nnvidia_fs " not in lsmod
+    assert "loaded rpcrdma" in scratch.read_file(h, "/var/log/kvops-test-doubles/boot.log")
+    assert scratch.ssh(h, ["test", "-f", "/root/survives-reboot"], sudo=True).returncode == 0
+
+
+def test_teardown_leaves_no_namespace_mount_process_or_file() -> None:
+    session = LabSession()
+    lab = session.start(hosts=2, name_prefix="kvteardown")
+    slot_prefix = f"kvops{lab.slot}-"
+    state_dir = lab.inventory_dir.parent
+    pids = [
+        int(p) for ns in net.list_netns() if ns.startswith(slot_prefix) for p in net.netns_pids(ns)
+    ]
+    assert pids, "hosts should be running before teardown"
+    # A host that died on its own (a crashed test) must not stop the teardown.
+    subprocess.run(["kill", "-KILL", str(pids[0])], check=False)
+    session.close()
+    assert not [ns for ns in net.list_netns() if ns.startswith(slot_prefix)]
+    assert not net.link_exists(f"kvopsbr{lab.slot}")
+    deadline = time.monotonic() + 5  # killed processes are reaped by PID 1, not by us
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert not mounts_under(state_dir)
+    assert not (state_dir / "hosts").exists() or not any((state_dir / "hosts").iterdir())
+    assert not lab.inventory_path.exists() and not lab.ssh_key_path.exists()
