@@ -37,7 +37,7 @@ def check_driver_version(ctx: Context) -> list[Finding]:
     return [finding("GDS-001", Severity.PASS, f"driver {version} (minimum {minimum})", excerpt)]
 
 
-def _nvfs_version(ctx: Context) -> str | None:
+def nvfs_version(ctx: Context) -> str | None:
     """The kernel's own `/proc/driver/nvidia-fs/version` ("version: 2.20", major.minor), else
     gdscheck's header, else the stats' `NVFS Driver(version: 2:7:47)`."""
     text = ctx.text(ev.NVFS_VERSION)
@@ -74,7 +74,7 @@ def check_open_kernel_module(ctx: Context) -> list[Finding]:
         return [ctx.skip("GDS-002", ev.NVIDIA_DRIVER_VERSION, ev.GDSCHECK)]
     if is_open:
         return [finding("GDS-002", Severity.PASS, "open kernel module loaded", excerpt)]
-    nvfs = _nvfs_version(ctx)
+    nvfs = nvfs_version(ctx)
     limit = ctx.thresholds.open_module_required_from_nvfs
     if below(nvfs, limit):
         message = f"proprietary kernel module; nvidia-fs {nvfs} < {limit} still works with it"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvops import evidence as ev
 from kvops.checks.context import Context
-from kvops.checks.driver import _nvfs_version, below
+from kvops.checks.driver import below, nvfs_version
 from kvops.checks.model import Finding, Severity, finding
 
 
@@ -19,7 +19,7 @@ def check_loaded(ctx: Context) -> list[Finding]:
 
 
 def check_version(ctx: Context) -> list[Finding]:
-    version = _nvfs_version(ctx)
+    version = nvfs_version(ctx)
     if version is None:
         return [ctx.skip("GDS-011", ev.NVFS_VERSION, ev.GDSCHECK, ev.NVFS_STATS)]
     minimum = ctx.thresholds.min_nvidia_fs_version
