@@ -24,6 +24,11 @@ def check_nfs_mode(ctx: Context) -> list[Finding]:
     modes = report.modes("NFS")
     excerpt = f"NFS : {', '.join(modes or [])}"
     if modes is None:
+        if not report.drivers:  # no DRIVER CONFIGURATION at all: cut short, not a verdict
+            msg = "gdscheck -p output has no DRIVER CONFIGURATION (truncated?): " + "; ".join(
+                report.warnings
+            )
+            return [finding("GDS-040", Severity.WARN, msg)]
         return [finding("GDS-040", Severity.FAIL, "gdscheck -p lists no NFS line")]
     direct = report.direct_modes("NFS")
     if direct:

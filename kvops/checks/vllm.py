@@ -17,8 +17,21 @@ def check_healthy(ctx: Context) -> list[Finding]:
     if item is None:
         return [ctx.skip("GDS-070", ev.HTTP_HEALTH)]
     if ev.item_problem(item) is None:
-        return [finding("GDS-070", Severity.PASS, f"{ev.source_text(item)}: HTTP 200")]
+        version = _vllm_version(ctx)
+        shown = f"{ev.source_text(item)}: HTTP {item.get('http_status')}"
+        return [
+            finding("GDS-070", Severity.PASS, shown + (f" (vLLM {version})" if version else ""))
+        ]
     return [finding("GDS-070", Severity.FAIL, f"not healthy: {ctx.problem(ev.HTTP_HEALTH)}")]
+
+
+def _vllm_version(ctx: Context) -> str | None:
+    text = ctx.text(ev.HTTP_VERSION)
+    try:
+        version = json.loads(text).get("version") if text else None
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return str(version) if version else None
 
 
 def check_model_served(ctx: Context) -> list[Finding]:
@@ -47,8 +60,12 @@ def check_kv_transfer_config(ctx: Context) -> list[Finding]:
     connector = config.get("kv_connector") if isinstance(config, dict) else None
     shown = f"--kv-transfer-config {json.dumps(config) if config is not None else '(absent)'}"
     if ctx.role == ev.ROLE_OFFLOAD:
+        role = config.get("kv_role") if isinstance(config, dict) else None
+        if connector == CONNECTOR and role == "kv_both":
+            return [finding("GDS-072", Severity.PASS, f"kv_connector {CONNECTOR}, kv_both", shown)]
         if connector == CONNECTOR:
-            return [finding("GDS-072", Severity.PASS, f"kv_connector {CONNECTOR}", shown)]
+            msg = f"kv_role={role!r}: a single host both stores and loads KV (kv_both)"
+            return [finding("GDS-072", Severity.WARN, msg, shown)]
         if isinstance(config, str):
             return [finding("GDS-072", Severity.FAIL, "--kv-transfer-config is not JSON", shown)]
         msg = f"offload host without {CONNECTOR} (kv_connector={connector!r})"

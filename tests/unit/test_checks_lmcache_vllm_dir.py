@@ -151,3 +151,13 @@ def test_partial_gds_dir_walk_still_judged() -> None:
     doc = healthy()
     doc["items"]["gds_dir"]["error"] = "directory walk stopped after 200000 entries"
     assert findings_for(doc, "GDS-082")[0][0] == "PASS"
+
+
+def test_connector_with_producer_role_warns_and_version_is_shown() -> None:
+    doc = healthy()
+    doc["items"]["vllm_process"]["data"]["argv"][-1] = KV_TRANSFER.replace("kv_both", "kv_producer")
+    [(severity, message)] = findings_for(doc, "GDS-072")
+    assert severity == "WARN" and "kv_producer" in message
+    assert findings_for(doc, "GDS-070") == [
+        ("PASS", "http://127.0.0.1:8000/health: HTTP 200 (vLLM 0.34.0)")
+    ]

@@ -91,3 +91,11 @@ def test_only_writes_counted_fails() -> None:
     after["stdout"] = after["stdout"].replace("Reads : n=312794", "Reads : n=0")
     [(severity, message)] = findings_for(doc, "GDS-051")
     assert severity == "FAIL" and "+0 reads" in message
+
+
+def test_truncated_gdscheck_is_a_warning_not_a_verdict() -> None:
+    text = fixture("gdscheck/openshift-l40s-netapp-nfs-rdma-supported.txt")
+    cut = text[: text.index("DRIVER CONFIGURATION")]
+    doc = edited(gdscheck=command(["gdscheck", "-p"], cut, truncated=True))
+    [(severity, message)] = findings_for(doc, "GDS-040")
+    assert severity == "WARN" and "truncated" in message
