@@ -64,9 +64,15 @@ def _flag(value: Any) -> bool | None:
 
 
 def check_compat_mode(ctx: Context) -> list[Finding]:
-    """The service env wins over the file (CUFILE_*_COMPAT_MODE), the file over defaults."""
-    config = _config_or_skip(ctx, "GDS-032")
+    """The service env wins over the file (CUFILE_*_COMPAT_MODE), the file over libcufile's
+    defaults; a missing cufile.json means the defaults (compat allowed) are in force."""
+    item = ctx.item(ev.CUFILE_JSON)
+    config = ctx.cufile
     env = ctx.service_env or {}
+    if item is None and not env:
+        return [ctx.skip("GDS-032", ev.CUFILE_JSON, ev.VLLM_ENV)]
+    if config is not None and config.error is not None and not env:
+        return [finding("GDS-032", Severity.SKIP, "cufile.json does not parse (see GDS-030)")]
     values: dict[str, bool | None] = {}
     evidence_lines = []
     for key, env_name, default in (
@@ -74,16 +80,14 @@ def check_compat_mode(ctx: Context) -> list[Finding]:
         ("force_compat_mode", "CUFILE_FORCE_COMPAT_MODE", False),
     ):
         value: bool | None = default
-        source = "default"
-        if isinstance(config, CufileConfig) and config.get(f"properties.{key}") is not None:
+        source = "libcufile default"
+        if config is not None and config.get(f"properties.{key}") is not None:
             value, source = _flag(config.get(f"properties.{key}")), "cufile.json"
         if env_name in env:
             value, source = env[env_name].strip().lower() in _TRUE, f"env {env_name}"
         values[key] = value
         evidence_lines.append(f"{key} = {value} ({source})")
     excerpt = "\n".join(evidence_lines)
-    if isinstance(config, Finding) and not env:
-        return [config]
     if values["force_compat_mode"]:
         return [finding("GDS-032", Severity.FAIL, "force_compat_mode: all IO is POSIX", excerpt)]
     if values["allow_compat_mode"]:

@@ -63,6 +63,8 @@ def test_missing_cufile_json_warns_defaults() -> None:
     gone = file_item("/etc/cufile.json", "", error="ENOENT: /etc/cufile.json")
     [(severity, message)] = findings_for(edited(cufile_json=gone), "GDS-030")
     assert severity == "WARN" and "defaults" in message
+    [(severity, message)] = findings_for(edited(cufile_json=gone), "GDS-032")
+    assert severity == "WARN" and "allow_compat_mode true" in message
 
 
 def test_compat_mode_env_overrides_file() -> None:
