@@ -232,3 +232,12 @@ CATALOG: dict[str, CheckInfo] = {row[0]: CheckInfo(*row) for row in _ROWS}
 def catalog_rows() -> list[CheckInfo]:
     """All checks in id order (for docs and `--list-checks`)."""
     return [CATALOG[key] for key in sorted(CATALOG)]
+
+
+def catalog_markdown() -> str:
+    """The catalog as a Markdown table, for docs and support answers."""
+    lines = ["| id | concern | check | remedy when it fails |", "|---|---|---|---|"]
+    for row in catalog_rows():
+        remedy = row.remedy.replace("|", "\\|")
+        lines.append(f"| {row.check_id} | {row.concern} | {row.title} | {remedy} |")
+    return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from kvops.checks import ALL_CHECKS, Context, Severity, Thresholds
-from kvops.checks.catalog import _ROWS, CATALOG, catalog_rows
+from kvops.checks.catalog import _ROWS, CATALOG, catalog_markdown, catalog_rows
 from kvops.report.findings import render_terminal, to_json, to_junit
 from kvops.validate import (
     EvidenceError,
@@ -31,6 +31,8 @@ def test_catalog_ids_unique_and_well_formed() -> None:
     assert all(re.fullmatch(r"GDS-\d{3}", i) for i in ids)
     assert [r.check_id for r in catalog_rows()] == sorted(ids)
     assert all(r.title and r.remedy for r in CATALOG.values())
+    table = catalog_markdown().splitlines()
+    assert len(table) == 2 + len(CATALOG) and table[2].startswith("| GDS-000 | host |")
 
 
 def test_saved_bundles_match_the_builders(tmp_path: Path) -> None:
