@@ -21,6 +21,12 @@ from kvops.parse.prometheus import parse_prometheus_text
 _OFFLOAD_LABEL = re.compile(r"kv_transfer|connector|offload|lmcache|kv_role|engine", re.I)
 
 
+_HINTS = {
+    "num_gpu_blocks": " - fewer GPU KV blocks is expected when the offload arm reserves GPU "
+    "memory for its staging buffer (gds_buffer_size); any other cause is a confound",
+}
+
+
 class ArmUnreachable(RuntimeError):
     """An arm's URL does not answer at the start of a run (exit code 2)."""
 
@@ -151,7 +157,8 @@ def arm_differences(infos: list[ArmInfo]) -> list[str]:
                 continue
             a, b = base.cache_config.get(key), other.cache_config.get(key)
             if a != b:
-                warnings.append(f"{pair}: cache_config_info {key} differs ({a} vs {b})")
+                hint = _HINTS.get(key, "")
+                warnings.append(f"{pair}: cache_config_info {key} differs ({a} vs {b}){hint}")
         if base.has_metrics != other.has_metrics:
             warnings.append(f"{pair}: only one arm exposes /metrics")
     return warnings

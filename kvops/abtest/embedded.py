@@ -31,7 +31,7 @@ class SimProfile:
     model: str = "llama-3.1-8b"
     gpu: str = "h100-sxm-80gb"
     storage: str = "ontap-nfs-rdma-200g"
-    time_scale: float = 0.05
+    time_scale: float = 0.1
     seed: int = 0
 
 
@@ -67,9 +67,23 @@ class EmbeddedEngines:
             cmd += ["--kv-transfer-config", OFFLOAD_CONFIG]
         return cmd
 
+    def lmcache_config(self) -> Path:
+        """The offload arm's LMCache config: GDS backend on a directory in the run folder, no
+        CPU hot tier (as LMCache's GDS docs), so reused prefixes really come from storage."""
+        gds_dir = self.log_dir / "gds-offload"
+        gds_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / "lmcache-offload.yaml"
+        path.write_text(
+            "# written by kvops ab-test for the embedded offload engine\n"
+            "chunk_size: 256\nlocal_cpu: false\n"
+            f"gds_path: {json.dumps(str(gds_dir.resolve()))}\ngds_buffer_size: 8192\n"
+        )
+        return path
+
     def start(self) -> list[Arm]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         arms: list[Arm] = []
+        lmcache_file = self.lmcache_config()
         for name, offload in (("baseline", False), ("offload", True)):
             port = free_port()
             log = (self.log_dir / f"sim-{name}.log").open("wb")
@@ -78,7 +92,11 @@ class EmbeddedEngines:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**os.environ, "PYTHONHASHSEED": "0"},
+                env={
+                    **os.environ,
+                    "PYTHONHASHSEED": "0",
+                    **({"LMCACHE_CONFIG_FILE": str(lmcache_file)} if offload else {}),
+                },
             )
             log.close()
             self.procs.append(proc)

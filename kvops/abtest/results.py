@@ -121,7 +121,14 @@ def client_summary(run_dir: RunDir, records: list[RequestRecord]) -> dict[str, A
         summary["loop_lag_p99_ms"] = float(max(c["loop_lag_p99_ms"] for c in seg_clients))
         summary["max_in_flight"] = int(max(c["max_in_flight"] for c in seg_clients))
         summary["workers"] = int(max(c.get("workers", 1) for c in seg_clients))
-    return judge_client(summary)
+    ok = [r for r in records if r.ok and not r.warmup]
+    ttfts = [r.ttft_ms for r in ok if r.ttft_ms is not None]
+    e2els = [r.e2el_ms for r in ok if r.e2el_ms is not None]
+    return judge_client(
+        summary,
+        float(np.mean(ttfts)) if ttfts else None,
+        float(np.mean(e2els)) if e2els else None,
+    )
 
 
 def build_results(

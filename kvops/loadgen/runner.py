@@ -66,19 +66,30 @@ class ClientStats:
         return judge_client(out)
 
 
-def judge_client(summary: dict[str, object]) -> dict[str, object]:
-    """Adds `bottleneck` and `bottleneck_reason` from the lag figures in `summary`."""
+def judge_client(
+    summary: dict[str, object], mean_ttft_ms: float | None = None, mean_e2el_ms: float | None = None
+) -> dict[str, object]:
+    """Adds `bottleneck` and `bottleneck_reason`. The client is a bottleneck when its own delays
+    are large in absolute terms AND against what is measured: event-loop lag shifts every
+    timestamp (so it is judged against TTFT), dispatch lag delays load (judged against E2EL)."""
     reasons = []
     loop_p99 = float(summary["loop_lag_p99_ms"])  # type: ignore[arg-type]
     loop_mean = float(summary["loop_lag_mean_ms"])  # type: ignore[arg-type]
     dispatch = float(summary["dispatch_lag_mean_ms"])  # type: ignore[arg-type]
+    ttft_share = loop_mean / mean_ttft_ms if mean_ttft_ms else None
+    if loop_mean > LOOP_LAG_MEAN_LIMIT_MS and (ttft_share is None or ttft_share > 0.01):
+        reasons.append(f"event-loop lag mean {loop_mean:.2f} ms (> {LOOP_LAG_MEAN_LIMIT_MS:g} ms)")
     if loop_p99 > LOOP_LAG_P99_LIMIT_MS:
-        reasons.append(f"event-loop lag p99 {loop_p99:.1f} ms > {LOOP_LAG_P99_LIMIT_MS:g}")
-    if loop_mean > LOOP_LAG_MEAN_LIMIT_MS:
-        reasons.append(f"event-loop lag mean {loop_mean:.2f} ms > {LOOP_LAG_MEAN_LIMIT_MS:g}")
-    if dispatch > DISPATCH_LAG_MEAN_LIMIT_MS:
-        reasons.append(f"dispatch lag mean {dispatch:.1f} ms > {DISPATCH_LAG_MEAN_LIMIT_MS:g}")
-    return {**summary, "bottleneck": bool(reasons), "bottleneck_reason": "; ".join(reasons) or None}
+        reasons.append(f"event-loop lag p99 {loop_p99:.1f} ms (> {LOOP_LAG_P99_LIMIT_MS:g} ms)")
+    dispatch_share = dispatch / mean_e2el_ms if mean_e2el_ms else None
+    if dispatch > DISPATCH_LAG_MEAN_LIMIT_MS and (dispatch_share is None or dispatch_share > 0.05):
+        reasons.append(f"dispatch lag mean {dispatch:.1f} ms (> {DISPATCH_LAG_MEAN_LIMIT_MS:g} ms)")
+    return {
+        **summary,
+        "ttft_error_share": ttft_share,
+        "bottleneck": bool(reasons),
+        "bottleneck_reason": "; ".join(reasons) or None,
+    }
 
 
 class LoopLagMonitor:

@@ -12,6 +12,7 @@ gets fresh suffixes (a repeated whole prompt would be an unfair full-cache hit).
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,11 @@ from kvops.loadgen.client import CompletionRequest
 from kvops.workload.spec import WorkloadSpec
 
 _PREFIX, _SUFFIX = 0, 1
+
+
+def _salt(spec: WorkloadSpec) -> int:
+    """Different workloads draw different prompts even with the same seed."""
+    return zlib.crc32(spec.name.encode())
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ def make_prefixes(spec: WorkloadSpec, alphabet: Alphabet) -> list[list[int] | st
     """The shared prefixes; text prefixes leave room for the tokenizer's special tokens."""
     n = spec.prefix_tokens - (alphabet.special_tokens if alphabet.is_text else 0)
     return [
-        _render(alphabet, _draw(alphabet, n, (spec.seed, _PREFIX, p)))
+        _render(alphabet, _draw(alphabet, n, (spec.seed, _salt(spec), _PREFIX, p)))
         for p in range(spec.num_prefixes)
     ]
 
@@ -128,7 +134,8 @@ def plan_iteration(
         prefix_id = j % spec.num_prefixes if spec.num_prefixes else None
         n_suffix = spec.suffix_tokens - (specials if prefix_id is None else 0)
         suffix = _render(
-            alphabet, _draw(alphabet, n_suffix, (spec.seed, _SUFFIX, trial, iteration, j))
+            alphabet,
+            _draw(alphabet, n_suffix, (spec.seed, _salt(spec), _SUFFIX, trial, iteration, j)),
         )
         prompt = suffix if prefix_id is None else _join(prefixes[prefix_id], suffix)
         req = CompletionRequest(
