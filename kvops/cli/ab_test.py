@@ -158,7 +158,7 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
 @click.option(
     "--sim-time-scale",
     type=click.FloatRange(0, min_open=True),
-    default=0.05,
+    default=0.1,
     show_default=True,
     help="Embedded engines: wall seconds per simulated second.",
 )
