@@ -260,7 +260,53 @@ def load_inventory(
         data = json.loads(proc.stdout)
     except json.JSONDecodeError as exc:
         raise InventoryError(f"ansible-inventory printed no JSON: {exc}") from exc
-    return hosts_from_list(data, limit=limit)
+    hosts = hosts_from_list(data, limit=limit)
+    _decrypt_vaulted(hosts, vault_password_files or [], vault_ids or [], timeout_s)
+    return hosts
+
+
+def _vaulted(value: Any) -> str | None:
+    if isinstance(value, dict) and set(value) == {"__ansible_vault"}:
+        return str(value["__ansible_vault"])
+    return None
+
+
+def _decrypt_vaulted(
+    hosts: list[InventoryHost], password_files: list[str], vault_ids: list[str], timeout_s: float
+) -> None:
+    """Decrypt inline-vaulted values kvops uses (`ansible_*`, `kvops_*`) with `ansible-vault`.
+
+    `ansible-inventory --list` prints `!vault` strings still encrypted. Only the variables
+    kvops reads are decrypted (one call per distinct ciphertext); without a vault password
+    source the value is dropped with a warning instead of prompting on a terminal."""
+    have_secret = bool(password_files or vault_ids or os.environ.get("ANSIBLE_VAULT_PASSWORD_FILE"))
+    exe = str(Path(ansible_inventory_exe()).with_name("ansible-vault"))
+    cache: dict[str, str | None] = {}
+    for host in hosts:
+        for key, value in list(host.vars.items()):
+            cipher = _vaulted(value)
+            if cipher is None or not key.startswith(("ansible_", "kvops_")):
+                continue
+            if not have_secret:
+                host.vars.pop(key)
+                host.warnings.append(f"{key} is vaulted and no --vault-password-file was given")
+                continue
+            if cipher not in cache:
+                cmd = [exe, "decrypt", "--output", "-"]
+                for vpf in password_files:
+                    cmd += ["--vault-password-file", vpf]
+                for vid in vault_ids:
+                    cmd += ["--vault-id", vid]
+                proc = subprocess.run(
+                    cmd, input=cipher, capture_output=True, text=True, timeout=timeout_s
+                )
+                cache[cipher] = proc.stdout if proc.returncode == 0 else None
+            plain = cache[cipher]
+            if plain is None:
+                host.vars.pop(key)
+                host.warnings.append(f"{key} is vaulted and could not be decrypted")
+            else:
+                host.vars[key] = plain
 
 
 def _ansible_error(stderr: str) -> str:
