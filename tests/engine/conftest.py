@@ -132,21 +132,32 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _kill_group(pgid: int, grace_s: float = 20.0) -> None:
-    """SIGTERM the process group, then SIGKILL what is left after `grace_s`."""
+def _group_alive(pgid: int, leader: subprocess.Popen[bytes] | None) -> bool:
+    if leader is not None:
+        leader.poll()  # reap the leader, or its zombie keeps the group "alive"
     try:
-        os.killpg(pgid, signal.SIGTERM)
+        os.killpg(pgid, 0)
     except ProcessLookupError:
-        return
+        return False
+    return True
+
+
+def _kill_group(
+    pgid: int, leader: subprocess.Popen[bytes] | None = None, grace_s: float = 20.0
+) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after `grace_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+        if not _group_alive(pgid, leader):
             return
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+    if leader is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            leader.wait(timeout=5)
 
 
 def _reap_stale_engines() -> None:
@@ -161,7 +172,7 @@ def _reap_stale_engines() -> None:
         except OSError:
             continue
         if b"vllm" in cmd and b"serve" in cmd and b"tiny-model-" in cmd:
-            _kill_group(pgid, grace_s=5.0)
+            _kill_group(pgid, None, grace_s=5.0)
     PIDFILE.unlink(missing_ok=True)
 
 
@@ -186,10 +197,7 @@ class Engine:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            _kill_group(self.proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
+        _kill_group(self.proc.pid, self.proc)
 
 
 def launch_engine(
