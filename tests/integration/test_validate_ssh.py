@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -197,6 +198,38 @@ def test_accept_new_host_keys_records_unknown_key_but_never_a_changed_one(
     assert transport["changed"]["status"] == "host_key_refused"
     unknown_port = lab.servers["unknown"].port
     assert f"[127.0.0.1]:{unknown_port} ssh-ed25519" in known.read_text()
+
+
+def test_proxy_jump_and_become_over_ssh(lab: Lab, tmp_path: Path) -> None:
+    """ProxyJump through one real sshd to another; become via sudo to an unprivileged user
+    (the probe then cannot read root's files, which proves it ran as that user)."""
+    s = lab.servers
+    jump = f"-o ProxyJump=root@127.0.0.1:{s['healthy'].port}"
+    hosts = {
+        "jumped": lab.host(s["healthy2"].port, ansible_ssh_common_args=jump),
+        "become": lab.host(
+            s["healthy"].port,
+            ansible_become=True,
+            ansible_become_user="nobody",
+            ansible_python_interpreter="python3",
+        ),
+    }
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    proc = run_validate(
+        "-i", str(inv), "--known-hosts", str(lab.known_hosts), "--timeout", "30", "--json",
+        "--save-evidence", str(tmp_path / "ev"),
+    )  # fmt: skip
+    transport = json.loads(proc.stdout)["transport"]
+    assert transport["jumped"]["status"] == "ok", transport
+    jumped = json.loads((tmp_path / "ev" / "jumped.json").read_text())
+    assert "proto=rdma" in jumped["items"]["mounts"]["stdout"]
+    if shutil.which("sudo") is None:
+        assert transport["become"]["status"] == "auth_failed"
+        return
+    assert transport["become"]["status"] == "ok", transport
+    become = json.loads((tmp_path / "ev" / "become.json").read_text())
+    assert become["items"]["mounts"]["error"].startswith("EACCES")
 
 
 def test_bad_inventory_is_a_clear_error_exit_2(tmp_path: Path) -> None:
