@@ -294,6 +294,8 @@ def _run_local(
         )
     except subprocess.TimeoutExpired as exc:
         raise TimeoutError(f"probe did not finish within {opts.timeout_s:.0f} s") from exc
+    except FileNotFoundError as exc:
+        return 127, b"", str(exc).encode()
     return proc.returncode, proc.stdout, proc.stderr[-65536:]
 
 
