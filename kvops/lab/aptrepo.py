@@ -205,14 +205,22 @@ def place_file(root: Path, spec: FileSpec, sources: Sources, text_sub: Any = Non
     dest.chmod(spec.mode)
 
 
-def digest(spec_path: Path, sources: Sources) -> str:
-    """Hash of the list and everything under tests/ it may pull in: rebuild only on change."""
+def digest(spec_path: Path, spec: RepoSpec, sources: Sources) -> str:
+    """Hash of the list, the doubles and every file it pulls in: rebuild only on change.
+
+    Only referenced fixtures count, so unrelated fixture changes do not rebuild the repo.
+    """
     h = hashlib.sha256(spec_path.read_bytes())
-    for base in (sources.doubles, sources.fixtures, sources.files):
+    for base in (sources.doubles, sources.files):
         if base.is_dir():
             for f in sorted(p for p in base.rglob("*") if p.is_file()):
                 h.update(str(f.relative_to(base)).encode())
                 h.update(f.read_bytes())
+    for pkg in spec.packages:
+        for fspec in pkg.files:
+            if fspec.kind == "fixture":
+                h.update(fspec.source.encode())
+                h.update(sources.resolve(fspec).read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -242,7 +242,11 @@ class Lab:
         except aptrepo.SpecError as exc:
             raise LabError(str(exc)) from exc
         sources = spec_sources(spec_path)
-        repo = self.cfg.cache_dir / f"repo-{aptrepo.digest(spec_path, sources)}"
+        try:
+            key = aptrepo.digest(spec_path, spec, sources)
+        except aptrepo.SpecError as exc:
+            raise LabError(f"test package list: {exc}") from exc
+        repo = self.cfg.cache_dir / f"repo-{key}"
         if not (repo / "Packages.gz").exists():
             with slot_lock(self.cfg.cache_dir, 99):
                 if not (repo / "Packages.gz").exists():

@@ -1,0 +1,106 @@
+"""Lab naming, addressing and client files: pure rendering, no root needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kvops.cli import main
+from kvops.lab.config import LabConfig
+from kvops.lab.errors import LabError
+from kvops.lab.inject import render_variant
+from kvops.lab.inventory import (
+    ClientHost,
+    render_hosts_yml,
+    render_known_hosts,
+    render_ssh_config,
+)
+
+HOSTS = [
+    ClientHost("kvlab-1", "10.200.0.11", "ssh-ed25519 AAAAone"),
+    ClientHost("kvlab-2", "10.200.0.12", "ssh-ed25519 AAAAtwo"),
+]
+KEY = Path("/inv/.ssh/id_ed25519")
+KNOWN = Path("/inv/.ssh/known_hosts")
+
+
+def test_slots_never_share_bridge_subnet_or_namespaces() -> None:
+    a, b = LabConfig(slot=0), LabConfig(slot=3)
+    assert (a.bridge, a.gateway_ip, a.host_ip(1), a.netns(1)) == (
+        "kvopsbr0",
+        "10.200.0.1",
+        "10.200.0.11",
+        "kvops0-kvlab-1",
+    )
+    assert b.host_ip(2) == "10.200.3.12" and b.netns(2) == "kvops3-kvlab-2"
+    assert all(len(LabConfig(slot=9).veth(i)) <= 15 for i in range(1, 51))
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"slot": 10}, {"hosts": 0}, {"name_prefix": "bad prefix"}, {"name_prefix": "1x"}]
+)
+def test_config_rejects_bad_values(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        LabConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_inventory_puts_hosts_in_gpu_hosts_with_strict_host_key_checking() -> None:
+    doc = yaml.safe_load(render_hosts_yml(HOSTS, key_path=KEY, known_hosts=KNOWN))
+    lab_vars = doc["all"]["vars"]
+    assert lab_vars["ansible_connection"] == "ssh"
+    assert lab_vars["ansible_ssh_private_key_file"] == str(KEY)
+    assert lab_vars["ansible_ssh_common_args"] == (
+        f"-o UserKnownHostsFile={KNOWN} -o StrictHostKeyChecking=yes"
+    )
+    hosts = doc["all"]["children"]["gpu_hosts"]["hosts"]
+    assert hosts == {
+        "kvlab-1": {"ansible_host": "10.200.0.11"},
+        "kvlab-2": {"ansible_host": "10.200.0.12"},
+    }
+
+
+def test_inventory_merges_host_and_group_vars_and_refuses_unknown_hosts() -> None:
+    text = render_hosts_yml(
+        HOSTS,
+        key_path=KEY,
+        known_hosts=KNOWN,
+        host_vars={"kvlab-2": {"nvidia_driver_package": "nvidia-driver-580"}},
+        group_vars={"ansible_become": True},
+    )
+    doc = yaml.safe_load(text)
+    assert doc["all"]["vars"]["ansible_become"] is True
+    host2 = doc["all"]["children"]["gpu_hosts"]["hosts"]["kvlab-2"]
+    assert host2 == {"ansible_host": "10.200.0.12", "nvidia_driver_package": "nvidia-driver-580"}
+    with pytest.raises(ValueError, match="kvlab-9"):
+        render_hosts_yml(HOSTS, key_path=KEY, known_hosts=KNOWN, host_vars={"kvlab-9": {}})
+
+
+def test_known_hosts_lists_each_key_for_name_and_address() -> None:
+    assert render_known_hosts(HOSTS) == (
+        "kvlab-1,10.200.0.11 ssh-ed25519 AAAAone\nkvlab-2,10.200.0.12 ssh-ed25519 AAAAtwo\n"
+    )
+
+
+def test_ssh_config_verifies_host_keys_against_the_lab_file() -> None:
+    text = render_ssh_config(HOSTS, key_path=KEY, known_hosts=KNOWN)
+    assert text.count("StrictHostKeyChecking yes") == 2
+    assert f"UserKnownHostsFile {KNOWN}" in text
+    assert "Host kvlab-2\n  HostName 10.200.0.12\n" in text
+
+
+def test_variant_file_refuses_unknown_keys_and_odd_values() -> None:
+    assert render_variant({"GDSCHECK": "compat"}).endswith("GDSCHECK=compat\n")
+    with pytest.raises(LabError, match="GDSCHEK"):
+        render_variant({"GDSCHEK": "compat"})
+    with pytest.raises(LabError):
+        render_variant({"GDSCHECK": "x; rm -rf /"})
+
+
+def test_cli_bad_name_prefix_is_a_usage_error_without_traceback() -> None:
+    result = CliRunner().invoke(main, ["lab", "up", "--name-prefix", "no spaces"])
+    assert result.exit_code == 2
+    assert "name prefix" in result.output
+    assert "Traceback" not in result.output
