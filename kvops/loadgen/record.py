@@ -41,6 +41,7 @@ class RequestRecord:
     end_perf_s: float = 0.0
     scheduled_perf_s: float | None = None
     dispatch_lag_ms: float | None = None
+    client_queue_ms: float | None = None
     in_flight_at_send: int | None = None
     chunk_offsets_ms: list[float] = field(default_factory=list)
     prompt_tokens: int | None = None

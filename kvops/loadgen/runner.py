@@ -195,7 +195,11 @@ class Runner:
                 async with sem:
                     if self.stop.is_set():
                         return
-                    rec = self._record(p, labels, due)
+                    # waiting for a free slot is the workload's own cap (vLLM's client queue
+                    # time), not client lag: dispatch lag counts from the slot's release
+                    acquired = time.perf_counter()
+                    rec = self._record(p, labels, acquired)
+                    rec.client_queue_ms = max(0.0, (acquired - due) * 1e3)
                     records.append(rec)
                     await self._one(p, rec)
                 return

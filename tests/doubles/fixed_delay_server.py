@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 
 from aiohttp import web
 
@@ -139,6 +146,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--text-only", action="store_true")
     p.add_argument("--vocab-size", type=int, default=32000)
     return p.parse_args(argv)
+
+
+@contextlib.contextmanager
+def running(*args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Start the double in its own process on a free port; yield (base URL, process)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__)), "--port", str(port), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 if __name__ == "__main__":
