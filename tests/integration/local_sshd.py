@@ -78,6 +78,10 @@ def start_sshd(
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\nX11Forwarding no\n"
         "PrintMotd no\nLogLevel ERROR\nMaxStartups 200:30:400\nMaxSessions 50\n"
+        # Debian's bash sources ~/.bashrc for ssh commands unless it is a nested shell; on
+        # these machines root's .bashrc runs `pyenv init` (about 1 s of CPU per session),
+        # which is this machine's baggage, not a GPU host's. SHLVL=1 makes it nested.
+        "SetEnv SHLVL=1\n"
     )
     proc = subprocess.Popen(
         [SSHD, "-D", "-e", "-f", str(config)],

@@ -1,0 +1,140 @@
+"""Fan-out of `kvops validate`: wall time to probe 1, 8 and 32 hosts with forks >= hosts.
+
+Each host is a real OpenSSH server on 127.0.0.1 (its own port and host key, verified against a
+known_hosts file); the probe runs on it against a recorded host tree. Printed as a ratio
+against one host measured in the same run. Target: 32 hosts under 2x the time of one.
+
+Caveat printed with the result: here every "host" shares this machine's CPUs, so 32 probes
+compete for the same cores (real hosts run their probes on their own CPUs); the client-side
+CPU time is printed too, since that is the part a real fan-out shares.
+
+    python benchmarks/validate_fanout.py [--sizes 1,8,32] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "tests" / "doubles")]
+
+from local_sshd import keygen, sshd_available, start_sshd  # noqa: E402
+from recorded_host_double import TOOLS_DOUBLE_DIR, build_recorded_tree  # noqa: E402
+
+from kvops.hosts import SshOptions, probe_config, probe_fleet  # noqa: E402
+from kvops.inventory import InventoryHost, probe_options, probe_settings  # noqa: E402
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds of these processes plus their reaped descendants (/proc/PID/stat).
+
+    Each sshd listener reaps its sessions, which reap the shell, `timeout` and the probe's
+    Python, so utime+stime+cutime+cstime of the listeners is all the CPU the "hosts" used."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,8,32")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=120.0)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if not sshd_available():
+        print("validate_fanout: sshd not installed (apt-get install openssh-server)")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="kvops-fanout-") as tmp:
+        work = Path(tmp)
+        client_key = work / "client_key"
+        authorized = keygen(client_key)
+        host_key = work / "host_key"  # one key for all servers: generation is not measured
+        keygen(host_key)
+        gds = work / "gds"
+        gds.mkdir()
+        roots = build_recorded_tree(work / "tree", gds)
+        servers = [start_sshd(work / f"s{i}", [authorized], host_key) for i in range(max(sizes))]
+        try:
+            known = work / "known_hosts"
+            known.write_text("".join(s.known_hosts_line for s in servers))
+            hosts = [
+                InventoryHost(
+                    f"h{i:02d}",
+                    vars={
+                        "ansible_host": "127.0.0.1",
+                        "ansible_port": s.port,
+                        "ansible_user": os.environ.get("USER", "root"),
+                        "ansible_ssh_private_key_file": str(client_key),
+                        "kvops_gds_dir": str(gds),
+                        "kvops_vllm_url": "http://127.0.0.1:9",
+                        "kvops_probe_roots": roots,
+                        "kvops_probe_tool_dirs": [str(TOOLS_DOUBLE_DIR)],
+                    },
+                )
+                for i, s in enumerate(servers)
+            ]
+            opts = SshOptions(known_hosts=known, timeout_s=args.timeout)
+            configs = {
+                h.name: probe_config(h, probe_settings(h), probe_options(h), args.timeout)
+                for h in hosts
+            }
+            probe_fleet(hosts[:1], configs, opts, forks=1)  # warm-up (imports, page cache)
+            rows = []
+            for n in sizes:
+                walls, cpus, busy = [], [], []
+                pids = [s.proc.pid for s in servers[:n]]
+                for _ in range(args.repeat):
+                    cpu0, busy0, t0 = _cpu_s(), _tree_cpu_s(pids), time.perf_counter()
+                    results = probe_fleet(hosts[:n], configs, opts, forks=n)
+                    walls.append(time.perf_counter() - t0)
+                    cpus.append(_cpu_s() - cpu0)
+                    busy.append(_tree_cpu_s(pids) - busy0)
+                    bad = [r for r in results if not r.ok]
+                    if bad:
+                        print(f"validate_fanout: {bad[0].host}: {bad[0].status} {bad[0].reason}")
+                        return 1
+                rows.append(
+                    (n, statistics.median(walls), statistics.median(cpus), statistics.median(busy))
+                )
+        finally:
+            for s in servers:
+                s.stop()
+    base = rows[0][1]
+    ncpu = os.cpu_count() or 1
+    print(f"validate fan-out, forks = hosts, median of {args.repeat} runs")
+    print(f"{'hosts':>6} {'wall_s':>8} {'ratio_vs_1':>11} {'client_cpu_s':>13} {'hosts_cpu_s':>12}")
+    for n, wall, cpu, busy in rows:
+        print(f"{n:>6} {wall:>8.2f} {wall / base:>11.2f} {cpu:>13.2f} {busy:>12.2f}")
+    n, wall, cpu, busy = rows[-1]
+    floor = (cpu + busy) / ncpu
+    verdict = "met" if wall / base < 2 else "NOT met"
+    print(f"target: {n} hosts in < 2x the time of one: {verdict} ({wall / base:.2f}x).")
+    print(
+        f"Here all {n} sshd 'hosts' share this machine's {ncpu} CPUs with the client (and any "
+        f"other load): their {cpu + busy:.1f} CPU-s need >= {floor:.1f} s of wall time, so "
+        f"{n} hosts cannot beat {floor / base:.2f}x here. On real hosts each probe uses its "
+        "own CPUs; only client_cpu_s is shared."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
