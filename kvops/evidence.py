@@ -237,13 +237,15 @@ def item_problem(item: Item | None) -> str | None:
         status = item.get("http_status")
         if status is None:
             return "no HTTP response"
-        if not 200 <= int(status) < 300:
+        if not isinstance(status, int) or isinstance(status, bool):
+            return f"HTTP status {status!r} is not a number"
+        if not 200 <= status < 300:
             return f"HTTP {status}"
         return None
     if code == 127:
         return "command not found (exit 127)"
     if code not in (None, 0):
-        stderr = (item.get("stderr") or "").strip().splitlines()
+        stderr = str(item.get("stderr") or "").strip().splitlines()
         tail = f": {stderr[-1][:200]}" if stderr else ""
         return f"exit {code}{tail}"
     return None
@@ -254,4 +256,4 @@ def source_text(item: Item | None) -> str:
     if item is None:
         return ""
     source = item.get("source", "")
-    return " ".join(source) if isinstance(source, list) else str(source)
+    return " ".join(str(a) for a in source) if isinstance(source, list) else str(source)

@@ -18,7 +18,7 @@ from kvops.parse.lmcache_config import LmcacheConfig, effective_lmcache_config
 from kvops.parse.mounts import MountTable, parse_mounts
 from kvops.parse.nvfs_stats import NvfsStats, parse_nvfs_stats
 
-_RATE = re.compile(r"([\d.]+)\s*Gb/sec")
+_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*Gb/sec")
 
 
 @dataclass
@@ -32,6 +32,11 @@ class RdmaPort:
     @property
     def active(self) -> bool:
         return "ACTIVE" in self.state.upper()
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    """The dict members of a list; anything else is no members (evidence may be malformed)."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 class Context:
@@ -108,18 +113,18 @@ class Context:
         if data is None:
             return None
         ports: list[RdmaPort] = []
-        for device in data.get("devices") or []:
-            for port in device.get("ports") or []:
-                rate = _RATE.search(str(port.get("rate", "")))
+        for device in _dicts(data.get("devices")):
+            for port in _dicts(device.get("ports")):
+                rate = _RATE.search(str(port.get("rate") or ""))
+                netdevs = port.get("netdevs") or device.get("netdevs")
+                number = port.get("port")
                 ports.append(
                     RdmaPort(
                         device=str(device.get("name", "?")),
-                        port=int(port.get("port", 0)),
-                        state=str(port.get("state", "")),
+                        port=number if isinstance(number, int) else 0,
+                        state=str(port.get("state") or ""),
                         rate_gbit_s=float(rate.group(1)) if rate else None,
-                        netdevs=[
-                            str(n) for n in port.get("netdevs") or device.get("netdevs") or []
-                        ],
+                        netdevs=[str(n) for n in netdevs] if isinstance(netdevs, list) else [],
                     )
                 )
         return ports

@@ -47,7 +47,8 @@ def check_tmp_files(ctx: Context) -> list[Finding]:
         return [finding("GDS-081", Severity.SKIP, "probe did not count temp files")]
     if count == 0:
         return [finding("GDS-081", Severity.PASS, "no leftover temp files")]
-    sample = "\n".join(str(p) for p in (data.get("tmp_files") or [])[:5])
+    listed = data.get("tmp_files")
+    sample = "\n".join(str(p) for p in listed[:5]) if isinstance(listed, list) else ""
     return [finding("GDS-081", Severity.WARN, f"{count} leftover *.tmp* files", sample)]
 
 

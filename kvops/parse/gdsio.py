@@ -19,10 +19,10 @@ _FIELDS = {
     "threads": re.compile(r"Threads:\s*(\d+)"),
     "dataset": re.compile(r"DataSetSize:\s*(\d+)/(\d+)\s*\((KiB|KB)\)"),
     "io_size": re.compile(r"IOSize:\s*([\d-]+)\s*\((KiB|KB)\)"),
-    "throughput": re.compile(r"Throughput:\s*([\d.]+)\s*(GiB|GB)/sec"),
-    "latency": re.compile(r"Avg_Latency:\s*([\d.]+)\s*usecs"),
+    "throughput": re.compile(r"Throughput:\s*(\d+(?:\.\d+)?)\s*(GiB|GB)/sec"),
+    "latency": re.compile(r"Avg_Latency:\s*(\d+(?:\.\d+)?)\s*usecs"),
     "ops": re.compile(r"ops:\s*(\d+)"),
-    "total_time": re.compile(r"total_time\s*([\d.]+)\s*(secs|usecs)"),
+    "total_time": re.compile(r"total_time\s*(\d+(?:\.\d+)?)\s*(secs|usecs)"),
 }
 GPU_DIRECT_XFER_TYPES = frozenset({"GPUD", "GPU_DIRECT", "GPU_DIRECT_ASYNC", "GPU_BATCH"})
 

@@ -85,3 +85,8 @@ def test_to_dict_has_one_object_per_line() -> None:
         "throughput_gib_s",
         "avg_latency_us",
     }
+
+
+def test_number_without_digits_is_a_warning_not_a_crash() -> None:
+    out = parse_gdsio("IoType: READ XferType: GPUD Threads: 1 Throughput: . GiB/sec\n")
+    assert out.results == [] and out.warnings

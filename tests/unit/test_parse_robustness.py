@@ -32,7 +32,8 @@ PARSERS: list[Callable[[str], Any]] = [
 # Text built from the tokens these formats are made of, so inputs get past the first checks.
 TOKENS = st.sampled_from(
     [":", "=", ",", "\n", "\t", " ", "{", "}", "[", "]", '"', "//", "GPU ", "IoType:",
-     "NFS", "Reads", "n=", "Throughput:", "1", "x", "nfs4", "/", "inet", "- ", "Platform"]
+     "NFS", "Reads", "n=", "Throughput:", "1", "x", "nfs4", "/", "inet", "- ", "Platform",
+     ".", " GiB/sec", "XferType:", "GPU index 0 x bar:1 bar size (MiB):"]
 )  # fmt: skip
 
 
