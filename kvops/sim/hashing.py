@@ -11,6 +11,7 @@ uint64 arithmetic wraps, which is what we want. The hashes are deterministic acr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,21 +40,52 @@ def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         return x ^ (x >> U64(31))
 
 
-def prefix_sums(tokens: TokenArray) -> npt.NDArray[np.uint64]:
-    """Running identifier of every prefix: element i identifies tokens[0..i]."""
-    positions = np.arange(tokens.shape[0], dtype=np.uint64)
+_position_salts: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
+
+
+def _positions(n: int) -> npt.NDArray[np.uint64]:
+    """A well-mixed constant per position, computed once and grown on demand."""
+    global _position_salts
+    if _position_salts.shape[0] < n:
+        size = max(n, 2 * _position_salts.shape[0], 1 << 16)
+        _position_salts = _mix(np.arange(1, size + 1, dtype=np.uint64))
+    return _position_salts[:n]
+
+
+def prefix_hashes(
+    tokens: TokenArray, block_size: int, chunk_size: int
+) -> tuple[list[int], list[int]]:
+    """Hashes of every full block (vLLM) and every full chunk (LMCache) of a prompt.
+
+    Each token is tagged with its position and mixed once (xorshift-multiply); the running sum
+    of these values at a boundary identifies the prefix before it. Only boundary sums are
+    needed, so tokens are summed per `gcd(block, chunk)`-token group (a vectorised reduction)
+    and only the group sums are accumulated; a final mix per boundary spreads the hashes.
+    Costs ~0.1 ms for a 30K-token prompt."""
+    unit = math.gcd(block_size, chunk_size)
+    groups = tokens.shape[0] // unit
+    if groups == 0:
+        return [], []
     with np.errstate(over="ignore"):
-        mixed = _mix(tokens.astype(np.uint64) * _GOLDEN + positions * _M2 + U64(1))
-        return np.cumsum(mixed, dtype=np.uint64)
+        x = tokens[: groups * unit].astype(np.uint64) * _GOLDEN
+        x += _positions(x.shape[0])
+        x ^= x >> U64(29)
+        x *= _M1
+        starts = np.arange(0, groups * unit, unit)
+        # reduceat is ~10x faster here than reshape(...).sum(axis=1) on short rows
+        sums = np.cumsum(np.add.reduceat(x, starts), dtype=np.uint64)
+    return _boundaries(sums, block_size // unit, BLOCK_SALT), _boundaries(
+        sums, chunk_size // unit, CHUNK_SALT
+    )
 
 
-def boundary_hashes(sums: npt.NDArray[np.uint64], unit: int, salt: np.uint64) -> list[int]:
-    """Hashes of every full `unit`-token prefix boundary, as Python ints (dict keys)."""
-    full = sums.shape[0] // unit
+def _boundaries(sums: npt.NDArray[np.uint64], stride: int, salt: np.uint64) -> list[int]:
+    """Hashes at every `stride`-th group boundary, as Python ints (dict keys)."""
+    full = sums.shape[0] // stride
     if full == 0:
         return []
-    ends = sums[unit - 1 : full * unit : unit]
-    return [int(h) for h in _mix(ends ^ salt).tolist()]
+    hashes: list[int] = _mix(sums[stride - 1 : full * stride : stride] ^ salt).tolist()
+    return hashes
 
 
 def to_signed64(value: int) -> int:

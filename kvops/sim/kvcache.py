@@ -10,50 +10,51 @@ requests) are counted without a hash. Blocks are counted, not materialised, whic
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, deque
 from collections.abc import Sequence
+from itertools import islice, repeat, takewhile
+
+
+def _consume(iterator: object) -> None:
+    """Run a C-level map for its side effects."""
+    deque(iterator, maxlen=0)  # type: ignore[call-overload]
 
 
 class GpuKvCache:
+    """Block pool with prefix caching. Bulk operations run as C-level dict/Counter operations
+    (about 30 ns per block rather than a Python loop's ~150 ns)."""
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free_blocks = num_blocks  # neither referenced nor cached
-        self.cached: OrderedDict[int, None] = OrderedDict()  # evictable, LRU first
-        self.refs: dict[int, int] = {}  # hashed blocks in use -> reference count
+        self.free_blocks = num_blocks  # neither hashed nor in use
+        self.resident: Counter[int] = Counter()  # hashed blocks -> users (0 = evictable)
+        # The evictable ones, LRU first. A plain dict keeps insertion order and bulk-updates
+        # several times faster than OrderedDict; a block is re-appended after every use.
+        self.lru: dict[int, None] = {}
 
     def available(self) -> int:
         """Blocks a new allocation can take (free plus evictable)."""
-        return self.free_blocks + len(self.cached)
+        return self.free_blocks + len(self.lru)
 
     def usage(self) -> float:
         """Fraction of blocks in use, as vLLM's `kv_cache_usage_perc` (cached-free counts free)."""
         return 1.0 - self.available() / self.num_blocks if self.num_blocks else 0.0
 
+    def in_use_hashed(self) -> int:
+        return len(self.resident) - len(self.lru)
+
     def lookup(self, hashes: Sequence[int], limit: int) -> int:
         """Number of leading blocks (at most `limit`) whose hashes are resident."""
-        refs, cached = self.refs, self.cached
-        n = 0
-        for h in hashes[:limit]:
-            if h in refs or h in cached:
-                n += 1
-            else:
-                break
-        return n
+        return len(list(takewhile(self.resident.__contains__, islice(hashes, limit))))
 
     def evictable_among(self, hashes: Sequence[int]) -> int:
-        cached = self.cached
-        return sum(1 for h in hashes if h in cached)
+        return sum(map(self.lru.__contains__, hashes))
 
     def acquire(self, hashes: Sequence[int]) -> None:
         """Take a reference on resident blocks (a prefix hit)."""
-        refs, cached = self.refs, self.cached
-        for h in hashes:
-            if h in cached:
-                del cached[h]
-                refs[h] = 1
-            else:
-                refs[h] += 1
+        _consume(map(self.lru.pop, hashes, repeat(None)))
+        self.resident.update(hashes)
 
     def allocate(self, count: int) -> bool:
         """Take `count` unhashed blocks, evicting cached ones LRU-first; False if impossible."""
@@ -63,36 +64,46 @@ class GpuKvCache:
             return False
         from_free = min(self.free_blocks, count)
         self.free_blocks -= from_free
-        cached = self.cached
-        for _ in range(count - from_free):
-            cached.popitem(last=False)
+        evict = count - from_free
+        if evict:
+            victims = list(islice(self.lru, evict))
+            _consume(map(self.lru.pop, victims))
+            _consume(map(self.resident.pop, victims))
         return True
 
-    def register(self, h: int) -> bool:
-        """Give an allocated block the hash of the prefix it now holds. False when that prefix
-        is already resident elsewhere (the caller keeps the block as an unhashed duplicate)."""
-        if h in self.refs or h in self.cached:
-            return False
-        self.refs[h] = 1
-        return True
+    def register_run(self, hashes: Sequence[int]) -> int:
+        """Give allocated blocks the hashes of the prefixes they now hold, in order, up to the
+        first hash already resident elsewhere (a duplicate computed concurrently: the caller
+        keeps that block and the rest unhashed). Returns how many were registered."""
+        resident = self.resident
+        if resident.keys().isdisjoint(hashes):
+            resident.update(hashes)
+            return len(hashes)
+        n = len(list(takewhile(lambda h: h not in resident, hashes)))
+        resident.update(hashes[:n])
+        return n
 
     def release(self, hashes: Sequence[int], unhashed: int) -> None:
-        """Drop a request's references; blocks nobody uses become evictable, tail first."""
-        refs, cached = self.refs, self.cached
-        for h in reversed(hashes):
-            count = refs[h] - 1
-            if count:
-                refs[h] = count
-            else:
-                del refs[h]
-                cached[h] = None
+        """Drop a request's references; blocks nobody uses become evictable, tail first
+        (vLLM frees a request's blocks in reverse so a prefix's tail is evicted first)."""
+        resident, lru = self.resident, self.lru
+        if hashes and max(map(resident.__getitem__, hashes)) == 1:
+            dict.update(resident, dict.fromkeys(hashes, 0))  # C-level; Counter.update loops
+            lru.update(dict.fromkeys(reversed(hashes)))
+        else:
+            for h in reversed(hashes):
+                count = resident[h] - 1
+                resident[h] = count
+                if not count:
+                    lru[h] = None
         self.free_blocks += unhashed
 
     def reset(self) -> bool:
-        """Drop every evictable cached block (vLLM `/reset_prefix_cache`); False while blocks
-        are in use, as vLLM answers then."""
-        if self.refs:
+        """Drop every evictable cached block (vLLM `/reset_prefix_cache`); False while hashed
+        blocks are in use, as vLLM answers then."""
+        if self.in_use_hashed():
             return False
-        self.free_blocks += len(self.cached)
-        self.cached.clear()
+        self.free_blocks += len(self.lru)
+        self.lru.clear()
+        self.resident.clear()
         return True

@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvops.sim.costs import CostModel
-from kvops.sim.hashing import BLOCK_SALT, CHUNK_SALT, as_token_array, boundary_hashes, prefix_sums
+from kvops.sim.hashing import as_token_array, prefix_hashes
 from kvops.sim.kvcache import GpuKvCache
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.offload import OffloadTier
@@ -103,11 +103,9 @@ class _Seq:
 
     def __init__(self, req: Request, block_size: int, chunk_size: int) -> None:
         tokens = as_token_array(req.prompt_tokens)
-        sums = prefix_sums(tokens)
         self.prompt_len = int(tokens.shape[0])
         self.output_tokens = req.output_tokens
-        self.block_hashes = boundary_hashes(sums, block_size, BLOCK_SALT)
-        self.chunk_hashes = boundary_hashes(sums, chunk_size, CHUNK_SALT)
+        self.block_hashes, self.chunk_hashes = prefix_hashes(tokens, block_size, chunk_size)
         self.record = RequestRecord(
             req.request_id, req.arrival_s, self.prompt_len, req.output_tokens
         )
@@ -243,7 +241,7 @@ class Engine:
             load_s = self.offload.load_time_s(seq.chunk_hashes, gpu_hit, gpu_hit + ext, self.now_s)
             load_s += self.costs.device_copy_s(ext)
             if caching:
-                self._register_full_blocks(seq, gpu_blocks)
+                self._register_full_blocks(seq)
         st = self.stats
         st.prefix_cache_queries += total
         st.prefix_cache_hits += gpu_hit
@@ -258,17 +256,20 @@ class Engine:
             st.prompt_tokens += seq.prompt_len
         return new, load_s
 
-    def _register_full_blocks(self, seq: _Seq, from_block: int) -> None:
-        """Blocks now full of prompt KV get their prefix hash (shareable from now on)."""
-        upto = min(seq.num_computed, seq.prompt_len) // self.block_size
-        cache = self.cache
-        for i in range(max(from_block, len(seq.held)), upto):
-            if len(seq.held) != i or seq.anon_blocks == 0:
-                break  # an earlier duplicate block broke the chain: keep the rest unhashed
-            if not cache.register(seq.block_hashes[i]):
-                break
-            seq.held.append(seq.block_hashes[i])
-            seq.anon_blocks -= 1
+    def _register_full_blocks(self, seq: _Seq) -> None:
+        """Blocks now full of prompt KV get their prefix hash (shareable from now on). After a
+        duplicate broke the chain, later blocks stay unhashed until the earlier one is free."""
+        start = len(seq.held)
+        upto = min(
+            min(seq.num_computed, seq.prompt_len) // self.block_size, start + seq.anon_blocks
+        )
+        if upto <= start:
+            return
+        run = seq.block_hashes[start:upto]
+        n = self.cache.register_run(run)
+        if n:
+            seq.held.extend(run[:n] if n < len(run) else run)
+            seq.anon_blocks -= n
 
     def _next_arrivals(self) -> None:
         while self._pending and self._pending[0][0] <= self.now_s:
@@ -346,7 +347,7 @@ class Engine:
         for seq, n in scheduled:
             seq.num_computed += n
             if caching and len(seq.held) < len(seq.block_hashes):
-                self._register_full_blocks(seq, len(seq.held))
+                self._register_full_blocks(seq)
             if offload is not None:
                 full = min(seq.num_computed, seq.prompt_len) // offload.chunk_size
                 if full > seq.chunks_saved:

@@ -5,14 +5,16 @@ Levels follow LMCache's backends: an optional CPU hot cache (`local_cpu`, capaci
 `max_local_cpu_size` GB, at host-DRAM/PCIe speed), then the GDS path or local disk at the storage
 profile's speed. The GDS backend has no capacity and never evicts; capacity-limited levels evict
 least-recently-used chunks. Writes are queued on each level's write channel: a chunk becomes
-loadable only once its write has finished. Loads block the engine step that needs them, as the
-connector's `start_load_kv` does without async loading.
+loadable only once its write has finished (writes land in time order through a heap, and a
+landed chunk joins a dict, so a lookup is one C-level pass). Loads block the engine step that
+needs them, as the connector's `start_load_kv` does without async loading.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import heapq
 from dataclasses import dataclass, field
+from itertools import islice, takewhile
 
 from kvops.sim.costs import transfer_time_s
 from kvops.sim.lmcache_config import LMCacheSettings
@@ -24,7 +26,7 @@ class _Level:
     name: str
     storage: StorageProfile
     capacity_chunks: int | None
-    ready_s: OrderedDict[int, float] = field(default_factory=OrderedDict)  # LRU order
+    landed: dict[int, None] = field(default_factory=dict)  # readable chunks, LRU first
     write_free_s: float = 0.0
 
 
@@ -61,22 +63,22 @@ class OffloadTier:
         self.io_parallelism = settings.disk_io_threads
         self.stats = OffloadStats()
         self.levels: list[_Level] = []
+        cpu_cap = self._chunks(settings.max_local_cpu_size)
         if settings.local_cpu and settings.max_local_cpu_size > 0:
-            self.levels.append(
-                _Level("local_cpu", host_dram, self._chunks(settings.max_local_cpu_size))
-            )
+            self.levels.append(_Level("local_cpu", host_dram, cpu_cap))
         if settings.gds_path:
             cap = None if storage.capacity_gb is None else self._chunks(storage.capacity_gb)
             self.levels.append(_Level("gds", storage, cap))
         elif settings.local_disk and settings.max_local_disk_size > 0:
-            self.levels.append(
-                _Level("local_disk", storage, self._chunks(settings.max_local_disk_size))
-            )
+            disk_cap = self._chunks(settings.max_local_disk_size)
+            self.levels.append(_Level("local_disk", storage, disk_cap))
         if not self.levels and settings.max_local_cpu_size > 0:
             # LMCache creates its LocalCPUBackend whenever max_local_cpu_size > 0.
-            self.levels.append(
-                _Level("local_cpu", host_dram, self._chunks(settings.max_local_cpu_size))
-            )
+            self.levels.append(_Level("local_cpu", host_dram, cpu_cap))
+        self._readable: dict[int, int] = {}  # chunk -> number of levels it has landed in
+        self._known: dict[int, int] = {}  # chunk -> levels holding it or writing it
+        self._in_flight: list[tuple[float, int, int, list[int]]] = []  # (ready, seq, level, hashes)
+        self._seq = 0
 
     def _chunks(self, size_gb: float) -> int:
         """Capacity in chunks; scaled like the GPU pool (`kv_capacity_scale`) so a scaled-down
@@ -89,57 +91,83 @@ class OffloadTier:
         return next((lv for lv in self.levels if lv.name == "gds"), None)
 
     def stored_chunks(self) -> int:
-        return max((len(lv.ready_s) for lv in self.levels), default=0)
+        return len(self._readable)
 
     def usage_bytes(self, level_name: str) -> float:
         level = next((lv for lv in self.levels if lv.name == level_name), None)
-        return 0.0 if level is None else len(level.ready_s) * self.chunk_bytes
+        return 0.0 if level is None else len(level.landed) * self.chunk_bytes
 
-    def _where(self, h: int, now_s: float) -> _Level | None:
-        for level in self.levels:
-            ready = level.ready_s.get(h)
-            if ready is not None and ready <= now_s:
-                return level
-        return None
+    def _land(self, now_s: float) -> None:
+        """Writes finished by `now_s` become readable (and may evict on bounded levels)."""
+        heap = self._in_flight
+        while heap and heap[0][0] <= now_s:
+            _, _, idx, hashes = heapq.heappop(heap)
+            level = self.levels[idx]
+            readable = self._readable
+            for h in hashes:
+                if h not in level.landed:
+                    readable[h] = readable.get(h, 0) + 1
+                level.landed[h] = None
+            self._evict(level)
+
+    def _evict(self, level: _Level) -> None:
+        if level.capacity_chunks is None:
+            return
+        excess = len(level.landed) - level.capacity_chunks
+        if excess <= 0:
+            return
+        readable, known = self._readable, self._known
+        for h in list(islice(level.landed, excess)):
+            del level.landed[h]
+            self.stats.evictions += 1
+            readable[h] -= 1
+            if not readable[h]:
+                del readable[h]
+            known[h] -= 1
+            if not known[h]:
+                del known[h]
 
     def lookup_tokens(self, chunk_hashes: list[int], num_tokens: int, now_s: float) -> int:
         """Tokens of the longest stored, fully written prefix (LMCache never reports the whole
         prompt: at least its last token is recomputed)."""
-        n = 0
-        for h in chunk_hashes:
-            if self._where(h, now_s) is None:
-                break
-            n += 1
-        hit = min(n * self.chunk_size, num_tokens - 1)
+        self._land(now_s)
+        n = len(list(takewhile(self._readable.__contains__, chunk_hashes)))
+        hit = max(0, min(n * self.chunk_size, num_tokens - 1))
         self.stats.lookup_requests += 1
         self.stats.lookup_tokens += num_tokens
-        self.stats.lookup_hit_tokens += max(0, hit)
-        return max(0, hit)
+        self.stats.lookup_hit_tokens += hit
+        return hit
 
     def load_time_s(
         self, chunk_hashes: list[int], start_token: int, end_token: int, now_s: float
     ) -> float:
-        """Load tokens [start_token, end_token) from the levels holding their chunks."""
+        """Load tokens [start_token, end_token) from the fastest level holding each chunk
+        (levels are ordered fastest first); call after `lookup_tokens` at the same time."""
         if end_token <= start_token:
             return 0.0
         first, last = start_token // self.chunk_size, (end_token - 1) // self.chunk_size
-        per_level: dict[int, int] = {}
-        for h in chunk_hashes[first : last + 1]:
-            level = self._where(h, now_s)
-            if level is None:  # cannot happen after lookup_tokens; be safe
-                continue
-            level.ready_s.move_to_end(h)
-            idx = self.levels.index(level)
-            per_level[idx] = per_level.get(idx, 0) + 1
+        wanted = chunk_hashes[first : last + 1]
+        per_level = [0] * len(self.levels)
+        if len(self.levels) == 1:
+            per_level[0] = len(wanted)
+        else:
+            for h in wanted:
+                idx = next(i for i, lv in enumerate(self.levels) if h in lv.landed)
+                per_level[idx] += 1
+        for level in self.levels:
+            if level.capacity_chunks is not None:  # refresh LRU position
+                for h in wanted:
+                    if level.landed.pop(h, 0) is None:
+                        level.landed[h] = None
         tokens = end_token - start_token
-        chunks = last - first + 1
         time_s = 0.0
-        for idx, count in per_level.items():
-            nbytes = self.chunk_bytes * count * tokens / (chunks * self.chunk_size)
+        for idx, count in enumerate(per_level):
+            if not count:
+                continue
+            nbytes = self.chunk_bytes * count * tokens / (len(wanted) * self.chunk_size)
             ios = count * self.files_per_chunk
-            time_s += transfer_time_s(
-                self.levels[idx].storage, nbytes, ios, self.io_parallelism, True
-            )
+            storage = self.levels[idx].storage
+            time_s += transfer_time_s(storage, nbytes, ios, self.io_parallelism, True)
             self.stats.read_bytes += nbytes
         self.stats.retrieve_requests += 1
         self.stats.requested_tokens += tokens
@@ -147,19 +175,22 @@ class OffloadTier:
         return time_s
 
     def is_stored(self, h: int) -> bool:
-        return any(h in lv.ready_s for lv in self.levels)
+        """Stored or being written on some level (LMCache skips a put it already has)."""
+        return h in self._known
 
     def store(
         self, chunk_hashes: list[int], step_end_s: float, blocking: bool
     ) -> tuple[float, list[int]]:
         """Queue writes of the chunks not stored yet at the end of a step. Returns the time the
         step itself must wait (the write time when blocking, else 0) and the new chunks."""
-        new = [h for h in chunk_hashes if not self.is_stored(h)]
+        known = self._known
+        new = [h for h in chunk_hashes if h not in known]
         if not new:
             return 0.0, new
+        new = list(dict.fromkeys(new))
         nbytes = self.chunk_bytes * len(new)
         waited = 0.0
-        for level in self.levels:
+        for idx, level in enumerate(self.levels):
             ios = len(new) * self.files_per_chunk
             write_s = transfer_time_s(level.storage, nbytes, ios, self.io_parallelism, False)
             start = step_end_s + waited if blocking else max(level.write_free_s, step_end_s)
@@ -167,26 +198,23 @@ class OffloadTier:
             level.write_free_s = done
             if blocking:
                 waited += write_s
-            for h in new:
-                level.ready_s[h] = done
-            self._evict(level)
+            self._seq += 1
+            heapq.heappush(self._in_flight, (done, self._seq, idx, new))
+        for h in new:
+            known[h] = len(self.levels)
         self.stats.store_requests += 1
         self.stats.stored_tokens += len(new) * self.chunk_size
         self.stats.write_bytes += nbytes
         return waited, new
-
-    def _evict(self, level: _Level) -> None:
-        if level.capacity_chunks is None:
-            return
-        while len(level.ready_s) > level.capacity_chunks:
-            level.ready_s.popitem(last=False)
-            self.stats.evictions += 1
 
     def preload(self, chunk_hashes: list[int]) -> None:
         """Chunks found on the persistent level at startup count as stored (LMCache's scan)."""
         level = self.persistent_level
         if level is None:
             return
-        for h in chunk_hashes:
-            level.ready_s[h] = 0.0
-        self._evict(level)
+        idx = self.levels.index(level)
+        fresh = [h for h in chunk_hashes if h not in self._known]
+        for h in fresh:
+            self._known[h] = self._known.get(h, 0) + 1
+        heapq.heappush(self._in_flight, (float("-inf"), -1, idx, fresh))
+        self._land(float("-inf"))

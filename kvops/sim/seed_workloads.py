@@ -12,6 +12,7 @@ Each is a list of batches; a batch is sent all at once when the previous one has
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,12 @@ class SeedShape:
 
 def seed_batches(scenario: str, shape: SeedShape = SeedShape()) -> list[list[Request]]:
     """Batches of requests for one scenario; token ids are drawn from a seeded local RNG."""
+    return list(iter_seed_batches(scenario, shape))
+
+
+def iter_seed_batches(scenario: str, shape: SeedShape = SeedShape()) -> Iterator[list[Request]]:
+    """The same batches, generated one at a time (10,000 prompts of 30K tokens would need
+    2.4 GB as one list)."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     rng = np.random.default_rng(shape.seed)
@@ -45,7 +52,6 @@ def seed_batches(scenario: str, shape: SeedShape = SeedShape()) -> list[list[Req
         rng.integers(0, shape.vocab_size, shape.prefix_tokens, dtype=np.int64)
         for _ in range(n_prefixes)
     ]
-    batches: list[list[Request]] = []
     for it in range(shape.iterations):
         batch = []
         order = rng.permutation(shape.batch_size)
@@ -57,11 +63,10 @@ def seed_batches(scenario: str, shape: SeedShape = SeedShape()) -> list[list[Req
                 suffix = rng.integers(0, shape.vocab_size, shape.suffix_tokens, dtype=np.int64)
                 tokens = np.concatenate([prefixes[int(j) % n_prefixes], suffix])
             batch.append(Request(rid, 0.0, tokens, shape.output_tokens))
-        batches.append(batch)
-    return batches
+        yield batch
 
 
-def run_batches(engine: Engine, batches: list[list[Request]]) -> list[RequestRecord]:
+def run_batches(engine: Engine, batches: Iterable[list[Request]]) -> list[RequestRecord]:
     """Closed loop: each batch arrives when the engine has finished the previous one."""
     records: list[RequestRecord] = []
     for batch in batches:
