@@ -37,7 +37,7 @@ def _mutate(data: st.DataObject, node: Any, depth: int) -> Any:
     return copy
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(data=st.data())
 def test_malformed_evidence_never_crashes_a_check(data: st.DataObject) -> None:
     doc = eb.healthy()
