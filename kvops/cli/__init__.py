@@ -41,3 +41,7 @@ main.add_command(lab)
 from kvops.cli.ab_test import ab_test  # noqa: E402
 
 main.add_command(ab_test)
+
+from kvops.cli.sim import sim  # noqa: E402
+
+main.add_command(sim)
