@@ -175,6 +175,20 @@ def build_results(
             "arms": blocks,
             "comparisons": [c.to_dict() for c in comparisons],
         }
+    warnings = list(warnings or [])
+    off = [
+        r
+        for r in records
+        if r.ok and r.prompt_tokens is not None and r.intended_prompt_tokens is not None
+        and r.prompt_tokens != r.intended_prompt_tokens
+    ]  # fmt: skip
+    if off:
+        r = off[0]
+        warnings.append(
+            f"{len(off)} request(s) were counted with a different prompt length than intended "
+            f"(e.g. {r.request_id} on {r.arm}: {r.prompt_tokens} vs {r.intended_prompt_tokens} "
+            "tokens): the server tokenizes these prompts differently"
+        )
     result.doc = {
         "schema_version": SCHEMA_VERSION,
         "kvops_version": __version__,
@@ -189,7 +203,7 @@ def build_results(
         ],
         "embedded_engines": bool(run.get("embedded")),
         "options": run.get("options", {}),
-        "warnings": list(warnings or []),
+        "warnings": warnings,
         "scenarios": scenarios,
         "client": client_summary(run_dir, records),
     }
