@@ -15,6 +15,7 @@ import json
 import random
 import sys
 import uuid
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +98,8 @@ class SimServer:
             offload.preload(found)
             print(f"Read {len(found)} cache entries from persistent storage", file=sys.stderr)
         self._streams: dict[str, _Stream] = {}
+        # The last finished requests' modelled records (virtual seconds), for tests/debugging.
+        self.recent_records: deque[RequestRecord] = deque(maxlen=1024)
         self._wakeup = asyncio.Event()
         self._real0 = 0.0
         self._loop_task: asyncio.Task[None] | None = None
@@ -126,6 +129,7 @@ class SimServer:
                     stream.queue.put_nowait(stream.rng.randrange(self.tokenizer.vocab_size))
             for record in result.finished:
                 self.metrics.observe(record, scale)
+                self.recent_records.append(record)
                 stream = self._streams.get(record.request_id)
                 if stream is not None:
                     stream.queue.put_nowait(record)

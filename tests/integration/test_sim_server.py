@@ -214,3 +214,34 @@ def test_cli_serve_subprocess_ready_on_health(tmp_path: Path) -> None:
         proc.terminate()
         out = proc.communicate(timeout=10)[0].decode()
     assert "LMCache Configuration:" in out and "Traceback" not in out
+
+
+def test_real_time_follows_the_model_clock() -> None:
+    """Client-seen TTFT and duration track the modelled ones x time_scale (never compressed;
+    late only by event-loop delay), with concurrent requests sharing steps."""
+    scale = 0.5
+    seen: dict[str, float] = {}
+
+    async def one(session: aiohttp.ClientSession, base: str, i: int) -> None:
+        body = {"prompt": prompt(10 + i, 6000), "max_tokens": 20, "stream": True}
+        start = time.perf_counter()
+        async with session.post(base + "/v1/completions", json=body) as resp:
+            async for line in resp.content:
+                if line.startswith(b"data: {") and f"ttft{i}" not in seen:
+                    seen[f"ttft{i}"] = time.perf_counter() - start
+        seen[f"e2e{i}"] = time.perf_counter() - start
+
+    async def check(session: aiohttp.ClientSession, base: str) -> None:
+        await asyncio.gather(*(one(session, base, i) for i in range(4)))
+
+    server = run_with_server(ServerConfig(time_scale=scale), check)
+    records = list(server.recent_records)
+    assert len(records) == 4
+    model_ttfts = sorted(r.ttft_s * scale for r in records)  # type: ignore[operator]
+    model_e2es = sorted(r.e2e_s * scale for r in records)  # type: ignore[operator]
+    client_ttfts = sorted(seen[f"ttft{i}"] for i in range(4))
+    client_e2es = sorted(seen[f"e2e{i}"] for i in range(4))
+    assert model_ttfts[-1] > 0.05  # the modelled prefill is long enough to measure
+    for model_s, client_s in zip(model_ttfts + model_e2es, client_ttfts + client_e2es, strict=True):
+        assert client_s >= model_s * 0.9 - 0.005
+        assert client_s <= model_s + 1.0  # slack for a loaded test machine
