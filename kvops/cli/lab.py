@@ -13,7 +13,7 @@ import click
 
 from kvops.lab.config import LabConfig, find_project_root
 from kvops.lab.errors import LabError
-from kvops.lab.lab import Lab, slot_lock
+from kvops.lab.lab import Lab, missing_prerequisites, slot_lock
 
 
 def _config(hosts: int, name_prefix: str, slot: int, packages: Path | None) -> LabConfig:
@@ -27,9 +27,16 @@ def _config(hosts: int, name_prefix: str, slot: int, packages: Path | None) -> L
         raise click.BadParameter(str(exc)) from exc
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception | str) -> None:
     click.echo(f"kvops lab: {exc}", err=True)
     raise SystemExit(1)
+
+
+def _require_lab() -> None:
+    """Say plainly why the lab cannot run here, before touching anything."""
+    reasons = missing_prerequisites()
+    if reasons:
+        _fail("the lab cannot run here: " + "; ".join(reasons))
 
 
 @click.group("lab")
@@ -71,6 +78,7 @@ _slot_option = click.option(
 def up(hosts: int, name_prefix: str, packages: Path | None, slot: int) -> None:
     """Start fresh hosts (replacing a running lab in the same slot)."""
     cfg = _config(hosts, name_prefix, slot, packages)
+    _require_lab()
     try:
         with slot_lock(cfg.lab_dir, cfg.slot):
             state = Lab(cfg, log=lambda msg: click.echo(f"lab: {msg}", err=True)).up()
@@ -91,6 +99,7 @@ def up(hosts: int, name_prefix: str, packages: Path | None, slot: int) -> None:
 def down(slot: int) -> None:
     """Stop every host of the slot; remove namespaces, links, the bridge and host files."""
     cfg = _config(1, "kvlab", slot, None)
+    _require_lab()
     try:
         with slot_lock(cfg.lab_dir, cfg.slot):
             removed = Lab(cfg).down()

@@ -3,72 +3,45 @@
 ``up`` is build-or-reuse (base image, test repo) + per host: prepare the files to copy in,
 namespace + veth, start, then wait for SSH and write the client files. The state file is written
 after each host starts, so a crash half-way still leaves enough for ``down`` to clean up; ``down``
-also sweeps anything named after the slot (namespaces ``kvopsN-*``, veths ``kvN h*``) that a
+also sweeps anything named after the slot (namespaces ``kvopsN-*``, veths ``kvNh*``) that a
 lost state file would otherwise leak.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from kvops.lab import aptrepo, host, inventory, net, rootfs
-from kvops.lab.config import LAB_USER, MAX_SLOT, LabConfig
+from kvops.lab.config import LAB_USER, LabConfig
 from kvops.lab.errors import LabError, run
 from kvops.lab.inject import prepare_inject
+from kvops.lab.state import (
+    STATE_FILE,
+    HostState,
+    LabState,
+    claim_free_slot,
+    has_live_hosts,
+    slot_lock,
+)
 
-STATE_FILE = "state.json"
-
-
-@dataclass
-class HostState:
-    name: str
-    index: int
-    ip: str
-    netns: str
-    veth: str
-    pid: int
-    pid_start: int | None
-    dir: str
-    host_key: str
-
-
-@dataclass
-class LabState:
-    slot: int
-    name_prefix: str
-    bridge: str
-    gateway_ip: str
-    inventory_dir: str
-    base_dir: str
-    repo_dir: str | None
-    started_at: float
-    hosts: list[HostState] = field(default_factory=list)
-
-    @classmethod
-    def load(cls, path: Path) -> LabState | None:
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        hosts = [HostState(**h) for h in raw.pop("hosts", [])]
-        return cls(**raw, hosts=hosts)
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.rename(path)
+__all__ = [
+    "STATE_FILE",
+    "HostState",
+    "Lab",
+    "LabState",
+    "claim_free_slot",
+    "has_live_hosts",
+    "missing_prerequisites",
+    "slot_lock",
+]
 
 
 def missing_prerequisites() -> list[str]:
@@ -91,36 +64,6 @@ def missing_prerequisites() -> list[str]:
         else:
             run(["ip", "netns", "del", probe], check=False)
     return reasons
-
-
-@contextmanager
-def slot_lock(lab_dir: Path, slot: int, *, wait: bool = True) -> Iterator[IO[str] | None]:
-    """Hold the slot's lock file (yields None when ``wait`` is False and it is taken)."""
-    lab_dir.mkdir(parents=True, exist_ok=True)
-    handle = (lab_dir / f"slot{slot}.lock").open("w")
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield None
-            return
-        yield handle
-    finally:
-        handle.close()
-
-
-def claim_free_slot(lab_dir: Path) -> tuple[int, IO[str]]:
-    """Lock the first free test slot (1..9) for this process; the lock dies with the process."""
-    lab_dir.mkdir(parents=True, exist_ok=True)
-    for slot in range(1, MAX_SLOT + 1):
-        handle = (lab_dir / f"slot{slot}.lock").open("w")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            continue
-        return slot, handle
-    raise LabError(f"all lab slots 1..{MAX_SLOT} are in use (see `kvops lab status`)")
 
 
 class Lab:

@@ -52,6 +52,13 @@ def test_every_host_answers_ssh_with_its_known_host_key(lab: LabHosts) -> None:
             client.close()
 
 
+def test_testinfra_reaches_hosts_through_the_lab_ssh_config(lab: LabHosts) -> None:
+    host = lab.testinfra(lab.hosts[-1].name)
+    assert host.package("openssh-server").is_installed
+    assert host.file("/etc/apt/sources.list.d/kvops-test-repo.list").contains("trusted=yes")
+    assert host.check_output("hostname") == lab.hosts[-1].name
+
+
 def test_an_unknown_host_key_is_rejected(lab: LabHosts, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")

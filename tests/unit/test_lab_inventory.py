@@ -104,3 +104,14 @@ def test_cli_bad_name_prefix_is_a_usage_error_without_traceback() -> None:
     assert result.exit_code == 2
     assert "name prefix" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", ["up", "down"])
+def test_cli_without_root_says_why_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    monkeypatch.setattr("kvops.lab.lab.os.geteuid", lambda: 1000)
+    result = CliRunner().invoke(main, ["lab", command])
+    assert result.exit_code == 1
+    assert "the lab cannot run here: not root" in result.output
+    assert "Traceback" not in result.output
