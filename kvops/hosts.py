@@ -26,7 +26,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -317,6 +316,8 @@ def probe_host(host: InventoryHost, config: dict[str, Any], opts: SshOptions) ->
         )
 
     where = f"{host.user or getpass.getuser()}@{host.address}:{host.port}"
+    if host.connection == "local":
+        where = f"{host.name} (local)"
     try:
         if host.connection == "local":
             code, out, err = _run_local(host, program, opts)
@@ -386,18 +387,44 @@ def probe_fleet(
     forks: int = 8,
     on_result: Callable[[HostResult], None] | None = None,
 ) -> list[HostResult]:
-    """Probe every host with `forks` threads; results in inventory order."""
-    lock = threading.Lock()
+    """Probe every host with `forks` worker threads; results in inventory order.
 
-    def one(host: InventoryHost) -> HostResult:
-        res = probe_host(host, configs[host.name], opts)
-        if on_result is not None:
-            with lock:
-                on_result(res)
-        return res
+    Daemon threads (not a ThreadPoolExecutor) so that Ctrl-C ends the run at once instead of
+    waiting for every in-flight host to reach its timeout."""
+    results: list[HostResult | None] = [None] * len(hosts)
+    queue = iter(list(enumerate(hosts)))
+    take, report = threading.Lock(), threading.Lock()
 
-    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(hosts) or 1))) as pool:
-        return list(pool.map(one, hosts))
+    def worker() -> None:
+        while True:
+            with take:
+                nxt = next(queue, None)
+            if nxt is None:
+                return
+            index, host = nxt
+            try:
+                res = probe_host(host, configs[host.name], opts)
+            except Exception as exc:  # belt and braces: a host is never silently dropped
+                reason = f"{type(exc).__name__}: {exc}"
+                settings = dict(configs.get(host.name, {}).get("settings") or {})
+                res = HostResult(
+                    host.name, PROBE_FAILED, error_evidence(host.name, settings, reason), reason
+                )
+            results[index] = res
+            if on_result is not None:
+                with report:
+                    on_result(res)
+
+    threads = [
+        threading.Thread(target=worker, name=f"kvops-probe-{i}", daemon=True)
+        for i in range(max(1, min(forks, len(hosts))))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.2)  # short joins keep the main thread responsive to Ctrl-C
+    return [r for r in results if r is not None]
 
 
 def probe_config(

@@ -254,4 +254,8 @@ def _probe(
         else:
             err.print(f"  [bold red]{res.status}[/]  {res.host}: {res.reason}")
 
-    return probe_fleet(hosts, configs, opts, forks=forks, on_result=progress)
+    try:
+        return probe_fleet(hosts, configs, opts, forks=forks, on_result=progress)
+    except KeyboardInterrupt:
+        err.print("interrupted: no report (hosts' probes end at their remote timeout)")
+        sys.exit(130)
