@@ -1,0 +1,91 @@
+"""Helpers of the roles' lab tests: run playbooks/site.yml on the lab, parse the recap.
+
+Not a test module. ``converged(lab)`` converges the first two hosts of a lab once per session
+(cached), so the converge test and the testinfra verify tests share one converge. Role
+variables for the lab live in ``site_lab_vars.yml`` (a second inventory source).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from lab_harness import LabHosts
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+SITE = REPO_ROOT / "playbooks" / "site.yml"
+SITE_VARS = HERE / "site_lab_vars.yml"
+ROLES = ("nvidia_driver", "rdma_client", "nvidia_fs", "nfs_rdma_mount", "cufile")
+
+# Pins of site_lab_vars.yml (older than the newest in the test repo, so pinning is exercised).
+DRIVER_VERSION = "580.82.07-0ubuntu1"
+NVIDIA_FS_VERSION = "2.25.7-1"
+GDS_VERSION = "12.9.1-1"
+DOCA_VERSION = "2.9.1-1"
+EXPORT = "192.0.2.50:/kvcache"
+MOUNT_PATH = "/mnt/kvcache"
+MOUNT_OPTIONS = (
+    "vers=4.1,proto=rdma,port=20049,hard,rsize=262144,wsize=262144,timeo=600,retrans=2,"
+    "max_connect=16,_netdev"
+)
+# Which host runs which RDMA stack (site_lab_vars.yml).
+STACK = {"kvlab-1": "rdma-core", "kvlab-2": "doca-ofed"}
+
+_RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$", re.MULTILINE)
+_converged: dict[int, subprocess.CompletedProcess[str]] = {}
+
+
+def converge_hosts(lab: LabHosts) -> list[str]:
+    """The two hosts the site converge targets (site_lab_vars.yml names them)."""
+    names = [n for n in lab.names if n in STACK]
+    assert names == list(STACK), f"the lab must have hosts {list(STACK)}, has {lab.names}"
+    return names
+
+
+def run_site(lab: LabHosts, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook site.yml -i <lab> -i site_lab_vars.yml --limit <the two hosts>."""
+    kwargs.setdefault("limit", ",".join(converge_hosts(lab)))
+    return lab.ansible_playbook(SITE, "-i", str(SITE_VARS), *args, **kwargs)
+
+
+def recap(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, int]]:
+    """PLAY RECAP counts per host: {"kvlab-1": {"ok": 54, "changed": 0, "failed": 0, ...}}."""
+    text = proc.stdout.split("PLAY RECAP", 1)[-1]
+    out: dict[str, dict[str, int]] = {}
+    for m in _RECAP.finditer(text):
+        out[m.group("host")] = {
+            k: int(v) for k, v in (w.split("=") for w in m.group("counts").split())
+        }
+    return out
+
+
+def explain(proc: subprocess.CompletedProcess[str], tail: int = 6000) -> str:
+    return (
+        f"rc={proc.returncode}\n--- stdout (tail)\n{proc.stdout[-tail:]}\n"
+        f"--- stderr\n{proc.stderr[-2000:]}"
+    )
+
+
+def converged(lab: LabHosts) -> subprocess.CompletedProcess[str]:
+    """The first converge of this lab (run once per session); asserts it succeeded."""
+    if lab.slot not in _converged:
+        _converged[lab.slot] = run_site(lab)
+    proc = _converged[lab.slot]
+    assert proc.returncode == 0, explain(proc)
+    return proc
+
+
+def changed_tasks(proc: subprocess.CompletedProcess[str], host: str) -> list[str]:
+    """Names of the tasks that reported ``changed`` for ``host`` (handlers included)."""
+    names: list[str] = []
+    current = ""
+    for line in proc.stdout.splitlines():
+        m = re.match(r"^(?:TASK|RUNNING HANDLER) \[(.*)\] \**$", line)
+        if m:
+            current = m.group(1)
+        elif line.startswith(f"changed: [{host}]") and (not names or names[-1] != current):
+            names.append(current)
+    return names
