@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -91,3 +92,13 @@ def test_cli_missing_field_is_usage_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(sim, ["serve", "--storage", str(path)])
     assert result.exit_code == 2
     assert "half.yaml: missing field 'write_bandwidth_gb_s'" in result.output
+
+
+def test_cli_run_prints_both_arms_as_json() -> None:
+    result = CliRunner().invoke(
+        sim, ["run", "--scenario", "one-prefix", "--iterations", "1", "--batch-size", "2"]
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["baseline"]["num_gpu_blocks"] > out["offload"]["num_gpu_blocks"] > 0
+    assert out["offload"]["total_token_throughput_tok_s"] > 0

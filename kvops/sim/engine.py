@@ -1,0 +1,343 @@
+"""The engine proper: vLLM V1-style scheduling over the GPU KV cache and the offload tier, one
+step at a time in virtual seconds. `kvops.sim.model` builds it from profiles; see its docstring
+for the API and for what is and is not modelled."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kvops.sim.costs import CostModel
+from kvops.sim.hashing import as_token_array, prefix_hashes
+from kvops.sim.kvcache import GpuKvCache
+from kvops.sim.lmcache_config import LMCacheSettings
+from kvops.sim.offload import OffloadTier
+from kvops.sim.records import EngineStats, Request, RequestRecord, StepResult
+
+
+class EngineError(ValueError):
+    """A configuration the real engine would refuse (e.g. weights larger than the GPU)."""
+
+
+@dataclass
+class EngineSettings:
+    """vLLM serve settings (same names and defaults as `vllm serve` on a high-end GPU) plus
+    the kvops-only `kv_capacity_scale` and the LMCache settings."""
+
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None  # default: the model's max_position
+    num_gpu_blocks_override: int | None = None
+    kv_capacity_scale: float = 1.0
+    enable_prefix_caching: bool = True
+    offload: bool = False
+    lmcache: LMCacheSettings = field(default_factory=LMCacheSettings)
+    # LMCache's GDS backend writes chunk files from its own event-loop thread, so a step waits
+    # only for the on-GPU copy into the staging buffer; True makes the step wait for the write.
+    store_blocking: bool = False
+
+
+class _Seq:
+    """Scheduler state of one request."""
+
+    __slots__ = (
+        "anon_blocks", "block_hashes", "chunk_hashes", "chunks_saved", "generated",
+        "held", "num_computed", "output_tokens", "prompt_len", "record", "scheduled_once",
+    )  # fmt: skip
+
+    def __init__(self, req: Request, block_size: int, chunk_size: int) -> None:
+        tokens = as_token_array(req.prompt_tokens)
+        self.prompt_len = int(tokens.shape[0])
+        self.output_tokens = req.output_tokens
+        self.block_hashes, self.chunk_hashes = prefix_hashes(tokens, block_size, chunk_size)
+        self.record = RequestRecord(
+            req.request_id, req.arrival_s, self.prompt_len, req.output_tokens
+        )
+        self.num_computed = 0
+        self.generated = 0
+        self.held: list[int] = []
+        self.anon_blocks = 0
+        self.chunks_saved = 0
+        self.scheduled_once = False
+
+    def total_len(self) -> int:
+        return self.prompt_len + self.generated
+
+
+class Engine:
+    def __init__(
+        self,
+        costs: CostModel,
+        settings: EngineSettings,
+        num_gpu_blocks: int,
+        offload: OffloadTier | None,
+        max_model_len: int,
+    ) -> None:
+        self.costs = costs
+        self.settings = settings
+        self.block_size = settings.block_size
+        self.cache = GpuKvCache(num_gpu_blocks, settings.block_size)
+        self.offload = offload
+        self.max_model_len = max_model_len
+        self.now_s = 0.0
+        self.stats = EngineStats()
+        self._pending: list[tuple[float, int, _Seq]] = []
+        self._counter = 0
+        self._waiting: deque[_Seq] = deque()
+        self._running: list[_Seq] = []
+        self._by_id: dict[str, _Seq] = {}
+
+    # ----- requests in -------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue a request; it is admitted once virtual time reaches its arrival. Raises
+        ValueError when it can never fit (longer than max_model_len or the whole KV pool)."""
+        n = len(req.prompt_tokens)
+        if n == 0:
+            raise ValueError("prompt must contain at least one token")
+        if n + req.output_tokens > self.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {n + req.output_tokens} tokens ({n} in the messages, "
+                f"{req.output_tokens} in the completion)."
+            )
+        if math.ceil((n + req.output_tokens) / self.block_size) > self.cache.num_blocks:
+            raise ValueError(
+                f"request needs {n + req.output_tokens} tokens of KV cache but the GPU pool holds "
+                f"only {self.cache.num_blocks * self.block_size}"
+            )
+        chunk = self.offload.chunk_size if self.offload else self.settings.lmcache.chunk_size
+        seq = _Seq(req, self.block_size, chunk)
+        self._counter += 1
+        heapq.heappush(self._pending, (req.arrival_s, self._counter, seq))
+        self._by_id[req.request_id] = seq
+
+    def abort(self, request_id: str) -> RequestRecord | None:
+        """Drop a request (client went away); its blocks are freed as on finish."""
+        seq = self._by_id.pop(request_id, None)
+        if seq is None:
+            return None
+        if seq in self._running:
+            self._running.remove(seq)
+            self._free(seq)
+        elif seq in self._waiting:
+            self._waiting.remove(seq)
+        else:
+            self._pending = [p for p in self._pending if p[2] is not seq]
+            heapq.heapify(self._pending)
+        seq.record.aborted = True
+        return seq.record
+
+    def has_work(self) -> bool:
+        return bool(self._pending or self._waiting or self._running)
+
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def num_waiting(self) -> int:
+        return len(self._waiting) + sum(1 for p in self._pending if p[0] <= self.now_s)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.cache.reset()
+
+    # ----- the step ----------------------------------------------------------------------
+    def _free(self, seq: _Seq) -> None:
+        self.cache.release(seq.held, seq.anon_blocks)
+        seq.held, seq.anon_blocks, seq.num_computed = [], 0, 0
+
+    def _blocks_for(self, seq: _Seq, tokens: int) -> int:
+        return -(-tokens // self.block_size) - len(seq.held) - seq.anon_blocks
+
+    def _preempt(self, seq: _Seq) -> None:
+        self._free(seq)
+        seq.record.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self._waiting.appendleft(seq)
+
+    def _admit(self, seq: _Seq, budget: int) -> tuple[int, float] | None:
+        """Prefix-cache lookup, LMCache lookup, block allocation for a waiting request.
+        Returns (new tokens to compute this step, blocking load time) or None if it does not
+        fit now."""
+        bs = self.block_size
+        total = seq.total_len()
+        limit = (total - 1) // bs  # vLLM always recomputes at least the last token
+        caching = self.settings.enable_prefix_caching
+        gpu_blocks = self.cache.lookup(seq.block_hashes, limit) if caching else 0
+        gpu_hit = gpu_blocks * bs
+        ext = 0
+        if self.offload is not None:
+            stored = self.offload.lookup_tokens(seq.chunk_hashes, seq.prompt_len, self.now_s)
+            ext = max(0, min(stored, total - 1) - gpu_hit)
+        new = min(total - gpu_hit - ext, budget)
+        if new <= 0:
+            return None
+        hit_hashes = seq.block_hashes[:gpu_blocks]
+        need = -(-(gpu_hit + ext + new) // bs) - gpu_blocks
+        if self.cache.available() - self.cache.evictable_among(hit_hashes) < need:
+            return None
+        self.cache.acquire(hit_hashes)
+        self.cache.allocate(need)
+        seq.held = list(hit_hashes)
+        seq.anon_blocks = need
+        seq.num_computed = gpu_hit + ext
+        load_s = 0.0
+        if ext:
+            assert self.offload is not None
+            load_s = self.offload.load_time_s(seq.chunk_hashes, gpu_hit, gpu_hit + ext, self.now_s)
+            load_s += self.costs.device_copy_s(ext)
+            if caching:
+                self._register_full_blocks(seq)
+        st = self.stats
+        st.prefix_cache_queries += total
+        st.prefix_cache_hits += gpu_hit
+        if self.offload is not None:
+            st.external_prefix_cache_queries += total
+            st.external_prefix_cache_hits += ext
+        if not seq.scheduled_once:
+            seq.scheduled_once = True
+            seq.record.gpu_hit_tokens = gpu_hit
+            seq.record.offload_hit_tokens = ext
+            seq.record.computed_prompt_tokens = seq.prompt_len - gpu_hit - ext
+            st.prompt_tokens += seq.prompt_len
+        return new, load_s
+
+    def _register_full_blocks(self, seq: _Seq) -> None:
+        """Blocks now full of prompt KV get their prefix hash (shareable from now on). After a
+        duplicate broke the chain, later blocks stay unhashed until the earlier one is free."""
+        start = len(seq.held)
+        upto = min(
+            min(seq.num_computed, seq.prompt_len) // self.block_size, start + seq.anon_blocks
+        )
+        if upto <= start:
+            return
+        run = seq.block_hashes[start:upto]
+        n = self.cache.register_run(run)
+        if n:
+            seq.held.extend(run[:n] if n < len(run) else run)
+            seq.anon_blocks -= n
+
+    def _next_arrivals(self) -> None:
+        while self._pending and self._pending[0][0] <= self.now_s:
+            self._waiting.append(heapq.heappop(self._pending)[2])
+
+    def step(self) -> StepResult | None:
+        """Run one engine step; None when there is nothing left to do."""
+        self._next_arrivals()
+        if not self._running and not self._waiting:
+            if not self._pending:
+                return None
+            self.now_s = max(self.now_s, self._pending[0][0])
+            self._next_arrivals()
+        s = self.settings
+        budget = s.max_num_batched_tokens
+        scheduled: list[tuple[_Seq, int]] = []
+        preempted = False
+        load_s = 0.0
+        running = self._running
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = min(seq.total_len() - seq.num_computed, budget)
+            need = self._blocks_for(seq, seq.num_computed + n)
+            while need > self.cache.available():
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            if i >= len(running) or running[i] is not seq:
+                break
+            self.cache.allocate(need)
+            seq.anon_blocks += max(0, need)
+            scheduled.append((seq, n))
+            budget -= n
+            i += 1
+        if not preempted:
+            waiting = self._waiting
+            while waiting and budget > 0 and len(running) < s.max_num_seqs:
+                admitted = self._admit(waiting[0], budget)
+                if admitted is None:
+                    break
+                seq = waiting.popleft()
+                n, seq_load_s = admitted
+                load_s += seq_load_s
+                running.append(seq)
+                scheduled.append((seq, n))
+                budget -= n
+        if not scheduled:
+            if not preempted and not self._pending:
+                raise EngineError("scheduler stalled: no request fits the KV cache")
+            if not preempted:
+                self.now_s = max(self.now_s, self._pending[0][0])
+            return StepResult(self.now_s, self.now_s, [], [], [])
+        return self._execute(scheduled, load_s)
+
+    def _execute(self, scheduled: list[tuple[_Seq, int]], load_s: float) -> StepResult:
+        costs = self.costs
+        flops = 0.0
+        context = 0
+        new_tokens = 0
+        for seq, n in scheduled:
+            flops += costs.prefill_flops(n, seq.num_computed)
+            context += seq.num_computed
+            new_tokens += n
+        start_s = self.now_s
+        compute_s = costs.step_time_s(flops, context, new_tokens)
+        end_s = start_s + load_s + compute_s
+        to_store: list[int] = []
+        token_ids: list[str] = []
+        finished: list[RequestRecord] = []
+        offload = self.offload
+        caching = self.settings.enable_prefix_caching
+        for seq, n in scheduled:
+            seq.num_computed += n
+            if caching and len(seq.held) < len(seq.block_hashes):
+                self._register_full_blocks(seq)
+            if offload is not None:
+                full = min(seq.num_computed, seq.prompt_len) // offload.chunk_size
+                if full > seq.chunks_saved:
+                    to_store.extend(seq.chunk_hashes[seq.chunks_saved : full])
+                    seq.chunks_saved = full
+        stored: list[int] = []
+        if offload is not None and to_store:
+            copy_s = costs.device_copy_s(len(to_store) * offload.chunk_size)
+            wait_s, stored = offload.store(to_store, end_s + copy_s, self.settings.store_blocking)
+            end_s += copy_s + wait_s
+        for seq, _ in scheduled:
+            if seq.num_computed < seq.total_len():
+                continue  # still prefilling
+            rec = seq.record
+            seq.generated += 1
+            if rec.first_token_s is None:
+                rec.first_token_s = end_s
+            rec.token_times_s.append(end_s)
+            token_ids.append(rec.request_id)
+            if seq.generated >= seq.output_tokens:
+                rec.finish_s = end_s
+                finished.append(rec)
+        st = self.stats
+        st.generation_tokens += len(token_ids)
+        st.num_steps += 1
+        st.busy_s += end_s - start_s
+        for rec in finished:
+            seq = self._by_id.pop(rec.request_id)
+            self._running.remove(seq)
+            self._free(seq)
+            st.request_success += 1
+        self.now_s = end_s
+        return StepResult(start_s, end_s, token_ids, finished, stored)
+
+    def run(self, requests: Iterable[Request]) -> list[RequestRecord]:
+        """Simulate requests to completion; records in the order the requests were given."""
+        seqs = []
+        for req in requests:
+            self.add_request(req)
+            seqs.append(self._by_id[req.request_id])
+        while self.step() is not None:
+            pass
+        return [seq.record for seq in seqs]
