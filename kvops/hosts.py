@@ -298,6 +298,16 @@ def _run_local(
     return proc.returncode, proc.stdout, proc.stderr[-65536:]
 
 
+def _last_json_line(out: bytes) -> Any:
+    """The probe's document: its one JSON line, even if a login script printed text first."""
+    text = out.decode("utf-8", "replace").strip()
+    try:
+        return json.loads(text)
+    except ValueError:
+        last = text.rsplit("\n", 1)[-1]
+        return json.loads(last)  # raises ValueError when there is no document at all
+
+
 def probe_host(host: InventoryHost, config: dict[str, Any], opts: SshOptions) -> HostResult:
     """Probe one host; never raises for anything that can go wrong on the way."""
     start = time.monotonic()
@@ -363,7 +373,7 @@ def probe_host(host: InventoryHost, config: dict[str, Any], opts: SshOptions) ->
     if code == 124 or code == 137:
         return result(TIMEOUT, f"probe killed by the remote timeout on {host.name}", err)
     try:
-        doc = json.loads(out.decode("utf-8", "replace"))
+        doc = _last_json_line(out)
         if not isinstance(doc, dict) or "items" not in doc:
             raise ValueError("not an evidence document")
     except ValueError as exc:

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import glob
 import os
+import re
 import signal
 import subprocess
 import time
@@ -88,7 +89,8 @@ class Probe:
         """First executable `name` in tool_dirs, then `extra_globs` (newest first), then PATH."""
         candidates = [os.path.join(d, name) for d in self.tool_dirs]
         for pattern in extra_globs or []:
-            candidates += sorted(glob.glob(os.path.join(pattern, name)), reverse=True)
+            found = glob.glob(os.path.join(pattern, name))
+            candidates += sorted(found, key=_version_key, reverse=True)
         candidates += [os.path.join(d, name) for d in self.search_path()[len(self.tool_dirs) :]]
         for cand in candidates:
             if os.path.isfile(cand) and os.access(cand, os.X_OK):
@@ -228,6 +230,11 @@ class Probe:
         item["duration_s"] = round(time.monotonic() - start, 4)
         self.items[item_id] = item
         return item
+
+
+def _version_key(path: str) -> List[Any]:
+    """Natural order, so /usr/local/cuda-12.10 sorts after /usr/local/cuda-12.8."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
 
 
 def read_text(path: str, limit: int = 4096) -> Optional[str]:

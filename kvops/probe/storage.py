@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import stat
+import sys
 import time
 from typing import Any, Dict, List, Optional
 
@@ -41,8 +42,11 @@ def cufile_env(settings: Dict[str, Any], env: Dict[str, str]) -> Dict[str, str]:
 def collect_gds(p: Probe, settings: Dict[str, Any], service: Dict[str, Any]) -> None:
     env = service.get("env") or {}
     p.file("cufile_json", cufile_path(settings, env))
-    gdscheck = p.which("gdscheck", CUDA_TOOL_GLOBS) or "gdscheck"
-    p.command("gdscheck", [gdscheck, "-p"], extra_env=cufile_env(settings, env))
+    argv = [p.which("gdscheck", CUDA_TOOL_GLOBS) or "gdscheck", "-p"]
+    wrapper = None if os.path.isabs(argv[0]) else p.which("gdscheck.py", CUDA_TOOL_GLOBS)
+    if wrapper:  # only the python wrapper is installed (gds-tools packaging varies)
+        argv = [sys.executable or "python3", wrapper, "-p"]
+    p.command("gdscheck", argv, extra_env=cufile_env(settings, env))
     gds_dir(p, settings.get("gds_dir"), service.get("service_user"))
     if settings.get("storage_bench"):
         bench(p, settings, env)
