@@ -22,6 +22,38 @@ VARIANT_FILE = "etc/kvops-test-doubles/variant.env"
 VARIANT_KEYS = ("GDSCHECK",)
 
 
+# The lab's stand-in for /proc and /sys (the probe's path-root seam): the entries the kernel here
+# cannot have are files kept by the doubles (modules, mounts, driver/nvidia*, module parameters);
+# everything else is a link to the real one. Per-PID entries (/proc/<pid>) are not in it.
+PROC_TREE = "/var/lib/kvops-test-doubles/proc"
+SYS_TREE = "/var/lib/kvops-test-doubles/sys"
+PROC_LINKS = (
+    "cmdline",
+    "cpuinfo",
+    "meminfo",
+    "version",
+    "filesystems",
+    "uptime",
+    "loadavg",
+    "stat",
+    "net",
+    "self",
+    "sys",
+    "partitions",
+)
+SYS_LINKS = ("class", "bus", "devices", "kernel", "block", "fs", "firmware")
+
+
+def _proc_tree(proc: Path, sys: Path) -> None:
+    proc.mkdir(parents=True, exist_ok=True)
+    for name in PROC_LINKS:
+        (proc / name).symlink_to(f"/proc/{name}")
+    (proc / "modules").symlink_to("../modules")
+    sys.mkdir(parents=True, exist_ok=True)
+    for name in SYS_LINKS:
+        (sys / name).symlink_to(f"/sys/{name}")
+
+
 def lab_user_ids(base: Path) -> tuple[int, int]:
     """uid/gid of the lab user inside the base image (not on this machine)."""
     for line in (base / "etc/passwd").read_text().splitlines():
@@ -107,6 +139,7 @@ def prepare_inject(
         for double in spec.host_doubles:
             aptrepo.place_file(inject, double, sources)
     _write(inject, VARIANT_FILE, render_variant(variant), 0o644)
+    _proc_tree(inject / PROC_TREE.lstrip("/"), inject / SYS_TREE.lstrip("/"))
     # The doubles log every call here, also when a non-root user runs them (nvidia-smi).
     log_dir = inject / "var/log/kvops-test-doubles"
     log_dir.mkdir(parents=True, exist_ok=True)

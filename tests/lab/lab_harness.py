@@ -17,11 +17,15 @@ from typing import IO, Any
 
 from kvops.lab import inventory
 from kvops.lab.config import LAB_USER, LabConfig
+from kvops.lab.inject import PROC_TREE, SYS_TREE
 from kvops.lab.lab import Lab, LabState, claim_free_slot
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES_SPEC = REPO_ROOT / "tests" / "lab" / "packages.yml"
 DOUBLES_LOG_DIR = "/var/log/kvops-test-doubles"
+# For `kvops validate` on lab hosts: host var `kvops_probe_roots: PROBE_ROOTS` points the probe
+# at the lab's /proc and /sys stand-ins (kept by the doubles; see README "proc tree").
+PROBE_ROOTS = {"proc": PROC_TREE, "sys": SYS_TREE}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from lab_harness import LabHosts, LabSession
+from lab_harness import PROBE_ROOTS, LabHosts, LabSession
 
 from kvops.lab import net
 from kvops.lab.lab import mounts_under
@@ -149,6 +149,15 @@ def test_modprobe_double_records_calls_and_knows_installed_modules(scratch: LabH
     assert scratch.read_file(h, params).strip() == "32"
     stats = scratch.read_file(h, "/var/lib/kvops-test-doubles/evidence/nvidia-fs-stats")
     assert "Mellanox PeerDirect Supported: True" in stats  # RDMA stack was installed first
+    # The lab proc tree (the probe's path-root seam) shows what the loaded modules add.
+    proc = PROBE_ROOTS["proc"]
+    assert scratch.read_file(h, f"{proc}/driver/nvidia-fs/stats") == stats
+    assert "NVIDIA UNIX" in scratch.read_file(h, f"{proc}/driver/nvidia/version")
+    assert "\nnvidia_fs " in "\n" + scratch.read_file(h, f"{proc}/modules")
+    assert scratch.read_file(h, f"{proc}/cmdline") == Path("/proc/cmdline").read_text()
+    scratch.ssh(h, ["modprobe", "-r", "nvidia_fs"], sudo=True)
+    assert scratch.ssh(h, ["test", "-e", f"{proc}/driver/nvidia-fs"], check=False).returncode
+    scratch.ssh(h, ["modprobe", "nvidia_fs"], sudo=True)
     gdscheck = scratch.ssh(h, ["/usr/local/cuda/gds/tools/gdscheck", "-p"]).stdout
     assert "NFS                : Supported" in gdscheck
     scratch.set_variant(h, GDSCHECK="compat")
@@ -168,6 +177,7 @@ def test_mount_nfs_double_mounts_and_records_rdma_options(scratch: LabHosts) -> 
     mounts = scratch.ssh(h, ["/usr/share/kvops-test-doubles/bin/proc-mounts"]).stdout
     expected = "192.0.2.10:/kvcache /mnt/kv nfs4 rw,relatime,vers=4.1,proto=rdma,port=20049,hard"
     assert expected in mounts
+    assert expected in scratch.read_file(h, f"{PROBE_ROOTS['proc']}/mounts")
     assert scratch.doubles_log(h, "mount.nfs") == [
         "192.0.2.10:/kvcache /mnt/kv -o rw,vers=4.1,proto=rdma,port=20049,hard,_netdev"
     ]
@@ -185,6 +195,9 @@ def test_restart_replays_modules_load_and_keeps_host_key(scratch: LabHosts) -> N
     assert "\nrpcrdma " in lsmod and "\nnvidia_fs " not in lsmod
     assert "loaded rpcrdma" in scratch.read_file(h, "/var/log/kvops-test-doubles/boot.log")
     assert scratch.ssh(h, ["test", "-f", "/root/survives-reboot"], sudo=True).returncode == 0
+    # The fstab NFS entry of the mount test is mounted again at boot, through the double.
+    proc_mounts = scratch.read_file(h, f"{PROBE_ROOTS['proc']}/mounts")
+    assert "192.0.2.10:/kvcache /mnt/kv nfs4 rw,relatime,vers=4.1,proto=rdma" in proc_mounts
 
 
 def test_teardown_leaves_no_namespace_mount_process_or_file() -> None:
