@@ -14,6 +14,7 @@ import contextlib
 import json
 import random
 import sys
+import traceback
 import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -53,11 +54,15 @@ class ServerConfig:
     seed: int = 0
 
 
+class EngineDeadError(RuntimeError):
+    """The engine loop failed; requests in flight get this instead of tokens."""
+
+
 class _Stream:
     """Token events for one in-flight request: ints (token ids) then the final record."""
 
     def __init__(self, prompt_ids: list[int], seed: int) -> None:
-        self.queue: asyncio.Queue[int | RequestRecord] = asyncio.Queue()
+        self.queue: asyncio.Queue[int | RequestRecord | EngineDeadError] = asyncio.Queue()
         self.rng = random.Random(hash((seed, len(prompt_ids), tuple(prompt_ids[:64]))))
 
 
@@ -98,6 +103,7 @@ class SimServer:
             offload.preload(found)
             print(f"Read {len(found)} cache entries from persistent storage", file=sys.stderr)
         self._streams: dict[str, _Stream] = {}
+        self.dead_reason = ""
         # The last finished requests' modelled records (virtual seconds), for tests/debugging.
         self.recent_records: deque[RequestRecord] = deque(maxlen=1024)
         self._wakeup = asyncio.Event()
@@ -111,6 +117,18 @@ class SimServer:
         return (asyncio.get_running_loop().time() - self._real0) / self.config.time_scale
 
     async def _run_engine(self) -> None:
+        """Step the engine forever; if the model ever fails, mark the server dead (503 on
+        /health, as vLLM answers when its engine died) and fail the requests in flight."""
+        try:
+            await self._engine_loop()
+        except Exception as exc:  # a model bug must not leave clients hanging
+            self.dead_reason = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc(file=sys.stderr)
+            print(f"engine loop died: {self.dead_reason}", file=sys.stderr)
+            for stream in self._streams.values():
+                stream.queue.put_nowait(EngineDeadError(self.dead_reason))
+
+    async def _engine_loop(self) -> None:
         loop = asyncio.get_running_loop()
         scale = self.config.time_scale
         while True:
@@ -162,6 +180,8 @@ class SimServer:
     async def _generate(
         self, parsed: ParsedRequest, rid: str
     ) -> AsyncGenerator[int | RequestRecord, None]:
+        if self.dead_reason:
+            raise EngineDeadError(self.dead_reason)
         stream = _Stream(parsed.prompt_ids, self.config.seed)
         self.engine.add_request(
             Request(rid, self._virtual_now(), parsed.prompt_ids, parsed.max_tokens)
@@ -172,6 +192,8 @@ class SimServer:
         try:
             while True:
                 item = await stream.queue.get()
+                if isinstance(item, EngineDeadError):
+                    raise item
                 yield item
                 if isinstance(item, RequestRecord):
                     finished = True
@@ -211,6 +233,8 @@ class SimServer:
             item = await gen.__anext__()
         except ValueError as exc:
             return _error(ApiError(str(exc)))
+        except EngineDeadError as exc:
+            return _error(ApiError(f"engine dead: {exc}", 500, "InternalServerError"))
         if not parsed.stream:
             words: list[str] = []
             while isinstance(item, int):
@@ -246,7 +270,7 @@ class SimServer:
 
     # ----- the other endpoints -----------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return web.Response(status=503 if self.dead_reason else 200)
 
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": VERSION})

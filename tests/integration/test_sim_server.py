@@ -245,3 +245,29 @@ def test_real_time_follows_the_model_clock() -> None:
     for model_s, client_s in zip(model_ttfts + model_e2es, client_ttfts + client_e2es, strict=True):
         assert client_s >= model_s * 0.9 - 0.005
         assert client_s <= model_s + 1.0  # slack for a loaded test machine
+
+
+def test_a_dead_engine_fails_requests_and_health() -> None:
+    server = SimServer(config())
+
+    def broken() -> None:
+        raise RuntimeError("model bug")
+
+    server.engine.step = broken  # type: ignore[assignment,method-assign]
+
+    async def main() -> None:
+        test_server = TestServer(server.app(), host="127.0.0.1")
+        await test_server.start_server()
+        base = str(test_server.make_url("")).rstrip("/")
+        try:
+            async with aiohttp.ClientSession() as session:
+                body = {"prompt": [1, 2, 3], "max_tokens": 2}
+                async with session.post(base + "/v1/completions", json=body) as resp:
+                    assert resp.status == 500
+                    assert "model bug" in (await resp.json())["error"]["message"]
+                async with session.get(base + "/health") as resp:
+                    assert resp.status == 503
+        finally:
+            await test_server.close()
+
+    asyncio.run(main())
