@@ -218,7 +218,9 @@ class SmokeRunner:
         new: list[ChunkFile] = []
         files_after: set[str] = set()
         if opts.gds_dir:
-            files_after = await self._files_after(opts.gds_dir, files_before)
+            files_after = await self._files_after(
+                opts.gds_dir, files_before, wait=after_resend.has_lmcache
+            )
             new = [describe_chunk_file(p) for p in sorted(files_after - files_before)]
         return SmokeEvidence(
             url=server.url,
@@ -338,10 +340,11 @@ class SmokeRunner:
             capacity_tokens=capacity,
         )
 
-    async def _files_after(self, root: Path, before: set[str]) -> set[str]:
-        """LMCache's GDS backend writes asynchronously: give new files up to 3 s to appear."""
+    async def _files_after(self, root: Path, before: set[str], wait: bool) -> set[str]:
+        """LMCache's GDS backend writes asynchronously: give new files up to 3 s to appear
+        (connectors without LMCache metrics, like vLLM's ExampleConnector, write in-step)."""
         files = list_chunk_files(root)
-        for _ in range(12):
+        for _ in range(12 if wait else 0):
             if files - before:
                 break
             await asyncio.sleep(0.25)

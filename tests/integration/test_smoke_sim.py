@@ -1,0 +1,133 @@
+"""`kvops smoke` against the simulated engine (`kvops sim serve`) over real HTTP, offload on and
+off: the same judge that runs against a real vLLM must pass an LMCache-shaped engine with GDS
+chunk files and fail one without offload for the right reason."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+OFFLOAD = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def sim_server(gds: Path | None, log: Path, *extra: str) -> Iterator[str]:
+    """`kvops sim serve` in its own process group, offload on when `gds` is given."""
+    port = _free_port()
+    args = [sys.executable, "-m", "kvops", "sim", "serve", "--port", str(port), *extra]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_")}
+    if gds is not None:
+        args += ["--kv-transfer-config", OFFLOAD]
+        env |= {
+            "LMCACHE_GDS_PATH": str(gds),
+            "LMCACHE_GDS_BUFFER_SIZE": "1024",
+            "LMCACHE_LOCAL_CPU": "False",
+        }
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            args, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"kvops sim serve exited: {log.read_text()[-2000:]}")
+            with (
+                contextlib.suppress(urllib.error.URLError, OSError),
+                urllib.request.urlopen(url + "/health", timeout=1),
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("kvops sim serve did not become healthy in 60 s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def smoke(*args: str) -> tuple[int, dict[str, dict[str, str]], str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvops", "smoke", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    doc = json.loads(proc.stdout)
+    return proc.returncode, {i["name"]: i for i in doc.get("items", [])}, proc.stdout
+
+
+def test_smoke_passes_on_the_sim_with_lmcache_gds_offload(tmp_path: Path) -> None:
+    gds = tmp_path / "gds"
+    gds.mkdir()
+    with sim_server(gds, tmp_path / "sim.log") as url:
+        code, items, out = smoke("--url", url, "--gds-dir", str(gds))
+    assert code == 0, out
+    assert {name: i["status"] for name, i in items.items()} == {
+        "offload": "PASS",
+        "eviction": "PASS",
+        "stored_tokens": "PASS",
+        "external_hits": "PASS",
+        "retrieved_tokens": "PASS",
+        "ttft": "PASS",
+        "chunk_files": "PASS",
+    }
+    assert "LMCache chunk files (*.kvcache.safetensors)" in items["chunk_files"]["message"]
+    assert list(gds.rglob("*.kvcache.safetensors"))
+
+
+def test_smoke_fails_on_the_sim_without_offload(tmp_path: Path) -> None:
+    with sim_server(None, tmp_path / "sim.log") as url:
+        code, items, out = smoke("--url", url, "--gds-dir", str(tmp_path))
+    assert code == 1, out
+    assert items["offload"]["status"] == "FAIL"
+    assert items["offload"]["message"].startswith("offload not configured")
+    assert items["stored_tokens"]["message"] == "no LMCache metrics: not an LMCache engine"
+    assert items["chunk_files"]["status"] == "FAIL"
+
+
+def test_smoke_against_an_unreachable_url_exits_2_without_traceback() -> None:
+    code, items, out = smoke("--url", f"http://127.0.0.1:{_free_port()}")
+    assert code == 2
+    assert items == {}
+    assert "cannot reach" in json.loads(out)["error"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--evict", "fillers"]])
+def test_plain_output_names_the_verdict(extra: list[str], tmp_path: Path) -> None:
+    # A small KV cache (512 blocks x 16 = 8,192 tokens) keeps the filler prompts few.
+    small = ("--num-gpu-blocks-override", "512", "--max-model-len", "4096")
+    with sim_server(tmp_path / "gds", tmp_path / "sim.log", *small) as url:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvops", "smoke", "--url", url, *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "smoke: PASS" in proc.stdout
