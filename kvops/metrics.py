@@ -36,6 +36,9 @@ COMPARED_METRICS: dict[str, bool] = {
     "mean_e2el_ms": False,
 }
 PRIMARY_METRIC = "total_token_throughput_tok_s"
+# Smallest change called helps/hurts: run-to-run noise between identical servers on a shared
+# host (A/A runs) reaches ~2%, and a bootstrap over a handful of batches cannot see all of it.
+MIN_EFFECT_PCT = 2.0
 
 Metrics = dict[str, float | int | None]
 
@@ -195,8 +198,8 @@ def _resampled(
         return np.percentile(vals[idx], q, axis=1), "request"
     unit = "batch"
     if metric.endswith("_tok_s"):
-        # throughput exists only per release group; with fewer than 3 there is no interval
-        if len(clusters) < 3:
+        # throughput exists only per release group; with fewer than 4 there is no interval
+        if len(clusters) < 4:
             return np.full(n, np.nan), unit
     elif len(clusters) < MIN_CLUSTERS:
         unit = "request"
@@ -210,10 +213,19 @@ def _resampled(
         return np.where(den > 0, num / den, np.nan), unit
 
 
-def verdict_for(low: float | None, high: float | None, higher_is_better: bool) -> str:
-    """helps / hurts when the whole 95% interval lies on one side of zero."""
+def verdict_for(
+    low: float | None,
+    high: float | None,
+    higher_is_better: bool,
+    delta: float | None = None,
+    min_effect_pct: float = MIN_EFFECT_PCT,
+) -> str:
+    """helps / hurts when the whole 95% interval lies on one side of zero and the change is at
+    least `min_effect_pct`; otherwise no significant difference."""
     if low is None or high is None:
         return "not enough data"
+    if delta is not None and abs(delta) < min_effect_pct:
+        return "no significant difference"
     if low > 0 or high < 0:
         better = (low > 0) == higher_is_better
         return "helps" if better else "hurts"
@@ -247,7 +259,7 @@ def compare_arms(
         out.append(
             Comparison(
                 metric, b_name, c_name, _f(b), _f(c), delta, low, high,
-                verdict_for(low, high, higher), higher, unit,
+                verdict_for(low, high, higher, delta), higher, unit,
             )
         )  # fmt: skip
     return out

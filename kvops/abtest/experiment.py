@@ -25,8 +25,9 @@ from kvops.abtest.rundir import RunDir
 from kvops.loadgen.client import Endpoint, make_session
 from kvops.loadgen.record import JsonlWriter, RequestRecord
 from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner
+from kvops.loadgen.workers import WorkerPool
 from kvops.workload.calibrate import learn_alphabet
-from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
+from kvops.workload.generate import Alphabet, PlannedRequest, make_prefixes, plan_iteration
 from kvops.workload.schedule import arrival_offsets_s, batch_groups
 from kvops.workload.spec import WorkloadSpec
 
@@ -46,6 +47,7 @@ class Options:
     text_prompts: bool = False
     api: str = "completions"
     grace_s: float = 5.0
+    workers: int = 1
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -202,22 +204,67 @@ class Experiment:
                 for p in plan:
                     p.request.body(runner.endpoint)
             monitor.start()
-            for iteration, planned in enumerate(plans):
-                warm = iteration < opts.warmup_iterations
-                labels = Labels(arm.name, spec.name, trial, attempt, warm)
-                if spec.rate is None:
-                    for group in batch_groups(len(planned), spec.batch_size):
-                        await runner.run_group([planned[i] for i in group], labels)
-                else:
-                    offsets = arrival_offsets_s(spec, len(planned), key=(trial, iteration))
-                    await runner.run_group(planned, labels, offsets, spec.max_concurrency)
-                if self.stop.is_set():
-                    return
+            pool = (
+                WorkerPool(opts.workers, runner.endpoint, timeout_s=opts.timeout_s,
+                           stall_timeout_s=opts.stall_timeout_s, grace_s=opts.grace_s)
+                if opts.workers > 1 else None
+            )  # fmt: skip
+            try:
+                if pool is not None:
+                    await pool.start()
+                for iteration, planned in enumerate(plans):
+                    warm = iteration < opts.warmup_iterations
+                    labels = Labels(arm.name, spec.name, trial, attempt, warm)
+                    await self._iteration(spec, trial, iteration, planned, labels, runner, pool)
+                    if self.stop.is_set():
+                        return
+            finally:
+                if pool is not None:
+                    pool.close()
         finally:
             await monitor.stop()
             self.stats.merge(stats)
         summary = stats.summary()
+        summary["workers"] = opts.workers
         segs.write_obj(
             {"status": "done", "scenario": spec.name, "trial": trial, "arm": arm.name,
              "attempt": attempt, "client": summary}
         )  # fmt: skip
+
+    async def _iteration(
+        self,
+        spec: WorkloadSpec,
+        trial: int,
+        iteration: int,
+        planned: list[PlannedRequest],
+        labels: Labels,
+        runner: Runner,
+        pool: WorkerPool | None,
+    ) -> None:
+        """Batch mode: groups of `batch_size`, each after the previous one completed. Rate
+        mode: the whole iteration on its arrival schedule under the concurrency cap."""
+        if spec.rate is None:
+            groups = [[planned[i] for i in g] for g in batch_groups(len(planned), spec.batch_size)]
+            schedule: list[tuple[list[PlannedRequest], list[float] | None]] = [
+                (g, None) for g in groups
+            ]
+        else:
+            offsets = arrival_offsets_s(spec, len(planned), key=(trial, iteration))
+            schedule = [(planned, offsets)]
+        for group, offs in schedule:
+            if self.stop.is_set():
+                return
+            if pool is None:
+                await runner.run_group(group, labels, offs, spec.max_concurrency)
+                continue
+            watcher = asyncio.create_task(self._forward_stop(pool))
+            try:
+                await pool.run_group(
+                    group, labels, runner.on_record, offs, spec.max_concurrency, runner.stats
+                )
+            finally:
+                watcher.cancel()
+
+    async def _forward_stop(self, pool: WorkerPool) -> None:
+        await self.stop.wait()
+        pool.stop_event.set()

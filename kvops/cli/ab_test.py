@@ -132,6 +132,13 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     help="Longest silence within a stream, seconds.",
 )
 @click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Load-generator processes (more when one core cannot keep up; see client lag).",
+)
+@click.option(
     "--slo",
     default=None,
     metavar="ttft_ms=N,tpot_ms=N",
@@ -235,6 +242,7 @@ class CliArgs:
     api: str
     timeout_s: float
     stall_timeout_s: float
+    workers: int
     slo: str | None
     seed: int
     out: Path | None
@@ -267,6 +275,7 @@ def _request(a: CliArgs) -> AbTestRequest:
         vocab_size=a.vocab_size,
         text_prompts=a.text_prompts,
         api=a.api,
+        workers=a.workers,
     )
     for s in scenarios:
         if s.iterations <= options.warmup_iterations:

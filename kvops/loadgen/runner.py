@@ -167,17 +167,19 @@ class Runner:
         labels: Labels,
         offsets_s: Sequence[float] | None = None,
         max_concurrency: int | None = None,
+        start_at: float | None = None,
     ) -> list[RequestRecord]:
-        """Release `planned` together (or at `offsets_s` after now) and wait for all of them.
+        """Release `planned` together (or at `offsets_s` after the start) and wait for all.
 
-        When `stop` is set, nothing more is released; streams in flight get `grace_s` to
-        finish, then are cancelled and recorded as such."""
+        The start is now, or `start_at` (a perf_counter instant: worker processes share one
+        release moment). When `stop` is set, nothing more is released; streams in flight get
+        `grace_s` to finish, then are cancelled and recorded as such."""
         if self.stop.is_set():
             return []
         for p in planned:
             p.request.body(self.endpoint)  # encode before the clock starts
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-        start = time.perf_counter()
+        start = time.perf_counter() if start_at is None else start_at
         records: list[RequestRecord] = []
 
         async def release(i: int, p: PlannedRequest) -> None:
