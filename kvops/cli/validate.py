@@ -17,9 +17,10 @@ import click
 from rich.console import Console
 
 from kvops.checks import Thresholds
-from kvops.hosts import HostResult, SshOptions, probe_config, probe_fleet
+from kvops.hosts import HostResult, probe_config, probe_fleet
 from kvops.inventory import InventoryError, load_inventory, probe_options, probe_settings
 from kvops.report.findings import render_terminal, to_junit
+from kvops.ssh import SshOptions
 from kvops.validate import (
     EXIT_COULD_NOT_RUN,
     EvidenceError,

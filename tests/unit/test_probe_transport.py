@@ -14,17 +14,9 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "doubles"))
 from recorded_host_double import HANGING_PYTHON_DOUBLE, TOOLS_DOUBLE_DIR, build_recorded_tree
 
 from kvops import evidence as ev
-from kvops.hosts import (
-    OK,
-    PROBE_FAILED,
-    TIMEOUT,
-    SshOptions,
-    _become_handshake,
-    probe_config,
-    probe_fleet,
-    remote_command,
-)
+from kvops.hosts import OK, PROBE_FAILED, TIMEOUT, probe_config, probe_fleet
 from kvops.inventory import InventoryHost, probe_options, probe_settings
+from kvops.ssh import SshOptions, _become_handshake, remote_command
 
 
 def local_host(name: str, tmp_path: Path, **extra: Any) -> InventoryHost:

@@ -1,0 +1,238 @@
+"""One paramiko session to one host: connect, verify its key, become, run a program on stdin.
+
+Why it looks like this:
+- Host keys are verified against a known_hosts file by default. Unknown keys are refused unless
+  the caller opted in to accepting new ones (then recorded, under a lock, for the next run); a
+  CHANGED key is always refused: paramiko raises BadHostKeyException before authenticating,
+  whatever the policy, and the message names both fingerprints.
+- Jump hosts (`-J`/`ProxyJump`) are SSH clients in their own right, verified the same way, and
+  each hop is a direct-tcpip channel of the previous one; `ProxyCommand` is paramiko's.
+- The program goes in on stdin (`python3 -`), under the remote `timeout` command, so nothing is
+  written on the host and a probe the client gave up on is reaped there.
+- sudo is driven the way Ansible does it: a unique prompt on stderr means "send the password", a
+  unique marker on stdout means "sudo is done, send the program".
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import select
+import shlex
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from kvops.inventory import InventoryHost
+
+logging.getLogger("paramiko").addHandler(logging.NullHandler())  # no auth chatter on stderr
+
+MAX_OUTPUT = 64 * 1024 * 1024
+
+
+class HostKeyRefused(paramiko.SSHException):
+    """A host key that is not in known_hosts (and accepting new keys was not asked for)."""
+
+
+@dataclass
+class SshOptions:
+    known_hosts: Path = field(default_factory=lambda: Path("~/.ssh/known_hosts").expanduser())
+    accept_new_host_keys: bool = False
+    timeout_s: float = 120.0
+    connect_timeout_s: float = 15.0
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown keys, or (opt-in) append them to the known_hosts file under a lock."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, path: Path, accept_new: bool) -> None:
+        self.path = path
+        self.accept_new = accept_new
+
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        if not self.accept_new:
+            raise HostKeyRefused(
+                f"host key of {hostname} ({fingerprint(key)}) is not in {self.path}; verify it "
+                "and add it (e.g. ssh-keyscan), or pass --accept-new-host-keys"
+            )
+        with self._lock:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _client(
+    host: InventoryHost,
+    address: str,
+    port: int,
+    user: str,
+    opts: SshOptions,
+    timeout_s: float,
+    sock: Any = None,
+) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    if opts.known_hosts.exists():
+        client.get_host_keys().load(str(opts.known_hosts))
+    client.set_missing_host_key_policy(
+        _KnownHostsPolicy(opts.known_hosts, opts.accept_new_host_keys)
+    )
+    try:
+        _do_connect(client, host, address, port, user, timeout_s, sock)
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        exc.hostname = address if port == 22 else f"[{address}]:{port}"  # known_hosts name
+        raise
+    except TimeoutError as exc:  # a connect timeout is unreachability, not a hung probe
+        client.close()
+        raise ConnectionError(f"connection timed out after {timeout_s:.0f} s") from exc
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def _do_connect(
+    client: paramiko.SSHClient,
+    host: InventoryHost,
+    address: str,
+    port: int,
+    user: str,
+    timeout_s: float,
+    sock: Any,
+) -> None:
+    client.connect(
+        address,
+        port=port,
+        username=user,
+        password=host.password,
+        key_filename=host.key_file,
+        allow_agent=True,
+        look_for_keys=True,
+        timeout=timeout_s,
+        banner_timeout=timeout_s,
+        auth_timeout=timeout_s,
+        channel_timeout=timeout_s,
+        sock=sock,
+    )
+
+
+def _connect(
+    host: InventoryHost, opts: SshOptions, deadline: float
+) -> tuple[paramiko.SSHClient, list[paramiko.SSHClient]]:
+    """The target's client and the jump clients it rides on (closed by the caller)."""
+    user = host.user or getpass.getuser()
+    if host.key_file and not os.path.exists(host.key_file):
+        raise paramiko.AuthenticationException(f"private key file {host.key_file} does not exist")
+    jumps: list[paramiko.SSHClient] = []
+    sock: Any = None
+    hops = host.jumps
+    for i, hop in enumerate(hops):
+        budget = min(opts.connect_timeout_s, max(deadline - time.monotonic(), 0.1))
+        jc = _client(host, hop.host, hop.port, hop.user or user, opts, budget, sock)
+        jumps.append(jc)
+        nxt = (
+            (hops[i + 1].host, hops[i + 1].port) if i + 1 < len(hops) else (host.address, host.port)
+        )
+        transport = jc.get_transport()
+        assert transport is not None
+        sock = transport.open_channel("direct-tcpip", nxt, ("127.0.0.1", 0), timeout=budget)
+    if not hops and host.proxy_command:
+        cmd = host.proxy_command.replace("%h", host.address).replace("%p", str(host.port))
+        sock = paramiko.ProxyCommand(cmd.replace("%r", user))
+    budget = min(opts.connect_timeout_s, max(deadline - time.monotonic(), 0.1))
+    return _client(host, host.address, host.port, user, opts, budget, sock), jumps
+
+
+def remote_command(host: InventoryHost, timeout_s: float, marker: str, prompt: str) -> str:
+    """Shell command that runs `python -` under a remote `timeout` (reaps a hung probe)."""
+    py = shlex.quote(host.python)
+    limit = f"{int(timeout_s) + 5}"
+    script = (
+        f"if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 {limit} {py} -; "
+        f"else exec {py} -; fi"
+    )
+    if host.become:
+        script = f"echo {marker}; {script}"
+        return (
+            f"sudo -H -S -p {shlex.quote(prompt)} -u {shlex.quote(host.become_user)} -- "
+            f"/bin/sh -c {shlex.quote(script)}"
+        )
+    return f"/bin/sh -c {shlex.quote(script)}"
+
+
+def _become_handshake(
+    chan: paramiko.Channel, host: InventoryHost, marker: str, prompt: str, deadline: float
+) -> bytes:
+    """Answer sudo's prompt if it asks; return stdout bytes that followed the marker line."""
+    out = err = b""
+    sent_password = False
+    while time.monotonic() < deadline:
+        if chan.recv_ready():
+            out += chan.recv(65536)
+        if chan.recv_stderr_ready():
+            err += chan.recv_stderr(65536)
+        if marker.encode() + b"\n" in out:
+            return out.split(marker.encode() + b"\n", 1)[1]
+        if prompt.encode() in err:
+            if sent_password or not host.become_password:
+                why = "rejected" if sent_password else "required (set ansible_become_password)"
+                raise PermissionError(f"sudo password {why} for become on {host.name}")
+            chan.sendall((host.become_password + "\n").encode())
+            err = err.replace(prompt.encode(), b"")
+            sent_password = True
+        if chan.exit_status_ready() and not chan.recv_ready():
+            tail = err.decode("utf-8", "replace").strip()[-300:]
+            raise PermissionError(f"become (sudo) failed on {host.name}: {tail}")
+        time.sleep(0.02)
+    raise TimeoutError("become (sudo) did not answer in time")
+
+
+def run_ssh(
+    host: InventoryHost, program: str, opts: SshOptions, deadline: float
+) -> tuple[int | None, bytes, bytes]:
+    client, jumps = _connect(host, opts, deadline)
+    try:
+        transport = client.get_transport()
+        assert transport is not None
+        chan = transport.open_session(timeout=max(deadline - time.monotonic(), 0.1))
+        marker = f"KVOPS_BECOME_OK_{uuid.uuid4().hex}"
+        prompt = f"[kvops sudo {uuid.uuid4().hex}]"
+        chan.exec_command(remote_command(host, opts.timeout_s, marker, prompt))
+        if host.become and host.become_method != "sudo":
+            raise PermissionError(f"become method {host.become_method!r} is not supported (sudo)")
+        out = _become_handshake(chan, host, marker, prompt, deadline) if host.become else b""
+        chan.sendall(program.encode())
+        chan.shutdown_write()
+        err = b""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"probe did not finish within {opts.timeout_s:.0f} s")
+            select.select([chan], [], [], min(remaining, 0.5))
+            while chan.recv_ready():
+                out += chan.recv(1 << 20)
+            while chan.recv_stderr_ready():
+                err = (err + chan.recv_stderr(1 << 16))[-65536:]
+            if len(out) > MAX_OUTPUT:
+                raise ValueError(f"probe output exceeds {MAX_OUTPUT} bytes")
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                return chan.recv_exit_status(), out, err
+    finally:
+        client.close()
+        for jc in reversed(jumps):
+            jc.close()
