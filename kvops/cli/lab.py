@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from kvops.lab.config import LabConfig, find_project_root
+from kvops.lab.config import MAX_SLOT, LabConfig, find_project_root
 from kvops.lab.errors import LabError
 from kvops.lab.lab import Lab, missing_prerequisites, slot_lock
 
@@ -96,20 +96,30 @@ def up(hosts: int, name_prefix: str, packages: Path | None, slot: int) -> None:
 
 @lab.command("down")
 @_slot_option
-def down(slot: int) -> None:
+@click.option(
+    "--all",
+    "all_slots",
+    is_flag=True,
+    help="Every slot 0..9 not locked by a running session (cleans labs of killed sessions).",
+)
+def down(slot: int, all_slots: bool) -> None:
     """Stop every host of the slot; remove namespaces, links, the bridge and host files."""
-    cfg = _config(1, "kvlab", slot, None)
     _require_lab()
-    try:
-        with slot_lock(cfg.lab_dir, cfg.slot):
-            removed = Lab(cfg).down()
-    except (LabError, OSError) as exc:
-        _fail(exc)
-        return
-    click.echo(
-        f"lab slot {slot}: removed {len(removed)} host(s)" + (": " if removed else ""), nl=False
-    )
-    click.echo(", ".join(removed))
+    slots = list(range(MAX_SLOT + 1)) if all_slots else [slot]
+    for number in slots:
+        cfg = _config(1, "kvlab", number, None)
+        try:
+            with slot_lock(cfg.lab_dir, cfg.slot, wait=not all_slots) as lock:
+                if lock is None:
+                    click.echo(f"lab slot {number}: in use by a running session, left alone")
+                    continue
+                removed = Lab(cfg).down()
+        except (LabError, OSError) as exc:
+            _fail(exc)
+            return
+        if removed or not all_slots:
+            names = ", ".join(removed) if removed else "nothing was running"
+            click.echo(f"lab slot {number}: removed {len(removed)} host(s): {names}")
 
 
 @lab.command("status")

@@ -10,6 +10,7 @@ Without root / network namespaces / unshare the lab tier skips with the reason; 
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,6 +37,13 @@ def lab_factory() -> Iterator[Callable[..., LabHosts]]:
     """``lab_factory(hosts=2, variants={...}, host_vars={...})`` -> a fresh private lab."""
     _require_lab()
     sessions: list[LabSession] = []
+    # CI cancels with SIGTERM: turn it into KeyboardInterrupt so pytest still runs this teardown.
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _interrupt)
 
     def make(**kwargs: Any) -> LabHosts:
         session = LabSession()
@@ -51,6 +59,7 @@ def lab_factory() -> Iterator[Callable[..., LabHosts]]:
                 session.close()
             except Exception as exc:  # keep tearing the others down
                 errors.append(str(exc))
+        signal.signal(signal.SIGTERM, previous)
         if errors:
             pytest.fail("lab teardown: " + "; ".join(errors), pytrace=False)
 
