@@ -30,7 +30,7 @@ from kvops import __version__
 from kvops.evidence import SCHEMA_VERSION, Evidence
 from kvops.inventory import InventoryHost
 from kvops.probe.bundle import build_program
-from kvops.ssh import HostKeyRefused, SshOptions, fingerprint, run_ssh
+from kvops.ssh import HostKeyRefused, SshOptions, fingerprint, known_hosts_for, run_ssh
 
 OK = "ok"
 UNREACHABLE = "unreachable"
@@ -131,7 +131,8 @@ def probe_host(host: InventoryHost, config: dict[str, Any], opts: SshOptions) ->
             f"{fingerprint(exc.expected_key)}, the host presented {fingerprint(exc.key)}; "
             "refusing to connect (possible "
             f"man-in-the-middle). If the host was reinstalled, remove the old entry with "
-            f"`ssh-keygen -R {exc.hostname} -f {opts.known_hosts}` and verify the new key",
+            f"`ssh-keygen -R {exc.hostname} -f {known_hosts_for(host, opts)}` and verify the "
+            "new key",
         )
     except HostKeyRefused as exc:
         return result(HOST_KEY, str(exc))

@@ -119,6 +119,14 @@ class InventoryHost:
     def proxy_command(self) -> str | None:
         return ssh_option(self.ssh_args, "proxycommand")
 
+    @property
+    def known_hosts_file(self) -> str | None:
+        """`-o UserKnownHostsFile=` from the ssh args (the first file), as Ansible's ssh uses."""
+        value = ssh_option(self.ssh_args, "userknownhostsfile")
+        if not value or value.lower() == "none":
+            return None
+        return os.path.expanduser(shlex.split(value)[0])
+
 
 def as_bool(value: Any) -> bool:
     """Ansible's truthiness for inventory strings ("yes", "True", "1", "on")."""

@@ -23,7 +23,7 @@ import shlex
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +42,21 @@ class HostKeyRefused(paramiko.SSHException):
 
 @dataclass
 class SshOptions:
-    known_hosts: Path = field(default_factory=lambda: Path("~/.ssh/known_hosts").expanduser())
+    # None: the host's `-o UserKnownHostsFile=` from the inventory, else ~/.ssh/known_hosts.
+    known_hosts: Path | None = None
     accept_new_host_keys: bool = False
     timeout_s: float = 120.0
     connect_timeout_s: float = 15.0
+
+
+def known_hosts_for(host: InventoryHost, opts: SshOptions) -> Path:
+    """The known_hosts file for this host: --known-hosts, else the inventory's
+    UserKnownHostsFile (so kvops trusts exactly what Ansible's ssh trusts), else ~/.ssh's.
+    StrictHostKeyChecking in the inventory is deliberately not honoured: only the explicit
+    --accept-new-host-keys lowers verification."""
+    if opts.known_hosts is not None:
+        return opts.known_hosts
+    return Path(host.known_hosts_file or "~/.ssh/known_hosts").expanduser()
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -86,11 +97,10 @@ def _client(
     sock: Any = None,
 ) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
-    if opts.known_hosts.exists():
-        client.get_host_keys().load(str(opts.known_hosts))
-    client.set_missing_host_key_policy(
-        _KnownHostsPolicy(opts.known_hosts, opts.accept_new_host_keys)
-    )
+    known = known_hosts_for(host, opts)
+    if known.exists():
+        client.get_host_keys().load(str(known))
+    client.set_missing_host_key_policy(_KnownHostsPolicy(known, opts.accept_new_host_keys))
     try:
         _do_connect(client, host, address, port, user, timeout_s, sock)
     except paramiko.BadHostKeyException as exc:

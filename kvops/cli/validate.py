@@ -108,9 +108,8 @@ def _fail(message: str) -> NoReturn:
 @click.option(
     "--known-hosts",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("~/.ssh/known_hosts"),
-    show_default=True,
-    help="known_hosts file host keys are verified against.",
+    help="known_hosts file host keys are verified against [default: the inventory's "
+    "-o UserKnownHostsFile=, else ~/.ssh/known_hosts].",
 )
 @click.option(
     "--accept-new-host-keys",
@@ -145,7 +144,7 @@ def validate(
     junit_file: Path | None,
     save_dir: Path | None,
     from_dir: Path | None,
-    known_hosts: Path,
+    known_hosts: Path | None,
     accept_new_host_keys: bool,
     vault_password_file: tuple[str, ...],
     vault_id: tuple[str, ...],
@@ -187,7 +186,7 @@ def validate(
             forks,
             timeout_s,
             SshOptions(
-                known_hosts=known_hosts.expanduser(),
+                known_hosts=known_hosts.expanduser() if known_hosts else None,
                 accept_new_host_keys=accept_new_host_keys,
                 timeout_s=timeout_s,
             ),

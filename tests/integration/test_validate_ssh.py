@@ -110,8 +110,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         the_lab.stop()
 
 
-def run_validate(*args: str) -> subprocess.CompletedProcess[str]:
+def run_validate(*args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}  # no agent keys
+    if home is not None:
+        env["HOME"] = str(home)
     return subprocess.run(
         [sys.executable, "-m", "kvops", "validate", *args],
         capture_output=True,
@@ -230,6 +232,32 @@ def test_proxy_jump_and_become_over_ssh(lab: Lab, tmp_path: Path) -> None:
     assert transport["become"]["status"] == "ok", transport
     become = json.loads((tmp_path / "ev" / "become.json").read_text())
     assert become["items"]["mounts"]["error"].startswith("EACCES")
+
+
+def test_inventory_user_known_hosts_file_is_used_without_known_hosts_option(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """Like Ansible's ssh: `-o UserKnownHostsFile=` in the inventory is the trust store; with
+    neither it nor --known-hosts, ~/.ssh/known_hosts is used (and is never written)."""
+    s = lab.servers
+    home = tmp_path / "home"
+    home.mkdir()
+    hosts = {
+        "pinned": lab.host(
+            s["healthy"].port,
+            ansible_ssh_common_args=f"-o UserKnownHostsFile={lab.known_hosts} "
+            "-o StrictHostKeyChecking=no",  # not honoured: only --accept-new-host-keys
+        ),
+        "default": lab.host(s["healthy2"].port),
+    }
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    proc = run_validate("-i", str(inv), "--timeout", "30", "--json", home=home)
+    transport = json.loads(proc.stdout)["transport"]
+    assert transport["pinned"]["status"] == "ok", transport
+    assert transport["default"]["status"] == "host_key_refused"
+    assert str(home / ".ssh" / "known_hosts") in transport["default"]["reason"]
+    assert not (home / ".ssh").exists()
 
 
 def test_bad_inventory_is_a_clear_error_exit_2(tmp_path: Path) -> None:

@@ -183,16 +183,19 @@ def test_proxy_jump_forms(args: list[str], expected: list[Jump]) -> None:
     assert parse_proxy_jump(args) == expected
 
 
-def test_proxy_command_and_ssh_extra_args() -> None:
+def test_proxy_command_known_hosts_and_ssh_extra_args() -> None:
     host = InventoryHost(
         "h",
         vars={
-            "ansible_ssh_common_args": "-o 'ProxyCommand=ssh -W %h:%p bastion'",
+            "ansible_ssh_common_args": "-o 'ProxyCommand=ssh -W %h:%p bastion' "
+            "-o UserKnownHostsFile=~/lab/known_hosts",
             "ansible_ssh_extra_args": "-o ConnectTimeout=5",
         },
     )
     assert host.proxy_command == "ssh -W %h:%p bastion"
     assert host.jumps == []
+    assert host.known_hosts_file == str(Path("~/lab/known_hosts").expanduser())
+    assert InventoryHost("h").known_hosts_file is None
 
 
 def test_bad_inventory_and_no_match_are_inventory_errors(tmp_path: Path) -> None:
