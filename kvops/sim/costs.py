@@ -88,6 +88,18 @@ class CostModel:
         memory_s = bytes_moved / (g.hbm_bandwidth_gb_s * 1e9 * g.hbm_efficiency)
         return max(compute_s, memory_s) + g.step_overhead_ms / 1e3
 
+    def prefill_compute_s(self, tokens: int, context_tokens: int = 0) -> float:
+        """Compute-bound time to prefill `tokens` after `context_tokens`, without overhead."""
+        g = self.gpu
+        peak = g.bf16_dense_tflops * 1e12 * g.prefill_mfu * self.tensor_parallel_size
+        return self.prefill_flops(tokens, context_tokens) / peak
+
+    def break_even_read_bandwidth_gb_s(self, prefix_tokens: int) -> float:
+        """Storage read bandwidth at which loading a stored prefix takes as long as
+        recomputing it (sim_physics.md); faster storage makes offload hits pay."""
+        nbytes = prefix_tokens * self.kv_bytes_per_token
+        return nbytes / self.prefill_compute_s(prefix_tokens) / 1e9
+
     def device_copy_s(self, tokens: int) -> float:
         """Copying KV between the paged cache and LMCache's staging buffer, on HBM."""
         g = self.gpu

@@ -22,6 +22,9 @@ Python API::
 
 Profiles may be names (see `kvops.sim.profiles.known_names`), paths to YAML files, or profile
 objects (`dataclasses.replace(load_storage(...), read_bandwidth_gb_s=...)` for a sweep).
+Closed-loop batches (each sent when the previous finished): `kvops.sim.seed_workloads.run_batches`.
+Physics helpers: `engine.costs` (`CostModel`: `kv_capacity_tokens`, `step_time_s`,
+`break_even_read_bandwidth_gb_s(prefix_tokens)`), `engine.cache.num_blocks`, `engine.stats`.
 Incremental use (the server): `engine.add_request(req)`, then `engine.step()` repeatedly while
 `engine.has_work()`; each `StepResult` says which requests got a token at `end_s`. When nothing
 is runnable, `step()` jumps virtual time to the next arrival.
@@ -31,7 +34,8 @@ requests first, then waiting ones FCFS; `max_num_seqs`; a `max_num_batched_token
 by decodes and chunked prefills; recompute preemption of the newest running request when blocks
 run out), block-hashed prefix caching with LRU eviction, LMCache chunk store/lookup/load, and a
 roofline step cost. Not modelled: EOS (every request generates exactly its output tokens),
-speculative decoding, tensor-parallel communication, and async loading.
+speculative decoding, tensor-parallel communication, LMCache's async/layerwise loading,
+`save_unfull_chunk` and `save_decode_cache` (only full prompt chunks are stored).
 """
 
 from __future__ import annotations

@@ -142,3 +142,11 @@ def test_abort_frees_the_request() -> None:
     assert record is not None and record.aborted
     assert not engine.has_work()
     assert engine.cache.available() == 100
+
+
+def test_break_even_bandwidth_from_physics() -> None:
+    costs = build_engine().costs
+    short, long = (costs.break_even_read_bandwidth_gb_s(n) for n in (1_000, 28_000))
+    # KV bytes per token x (peak x MFU) / (2 x params), ~4 GB/s for Llama-3.1-8B on an H100.
+    assert 3.0 < short < 5.5
+    assert long < short  # attention makes long prefixes favour loading even more
