@@ -94,12 +94,15 @@ def _exec_start_argv(values: List[str]) -> List[str]:
     return []
 
 
-def _listener_pid(p: Probe, port: int) -> Optional[int]:
-    """PID owning a TCP socket listening on `port` (from /proc/net/tcp{,6} and /proc/*/fd)."""
+def _listener_pid(port: int) -> Optional[int]:
+    """PID owning a TCP socket listening on `port` (from /proc/net/tcp{,6} and /proc/*/fd).
+
+    Processes and sockets are always read from the real /proc, never through the roots seam:
+    a recorded tree stands in for kernel state (modules, driver files), not for processes."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            with open(p.path(table)) as fh:
+            with open(table) as fh:
                 next(fh, None)
                 for line in fh:
                     cols = line.split()
@@ -113,7 +116,7 @@ def _listener_pid(p: Probe, port: int) -> Optional[int]:
             continue
     if not inodes:
         return None
-    proc = p.path("/proc")
+    proc = "/proc"
     for pid in sorted((d for d in os.listdir(proc) if d.isdigit()), key=int):
         fd_dir = os.path.join(proc, pid, "fd")
         try:
@@ -125,8 +128,8 @@ def _listener_pid(p: Probe, port: int) -> Optional[int]:
     return None
 
 
-def _process_data(p: Probe, pid: int) -> Tuple[Dict[str, Any], Optional[Dict[str, str]]]:
-    base = p.path("/proc/%d" % pid)
+def _process_data(pid: int) -> Tuple[Dict[str, Any], Optional[Dict[str, str]]]:
+    base = "/proc/%d" % pid
     with open(os.path.join(base, "cmdline"), "rb") as fh:
         argv = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
     uid = None
@@ -204,15 +207,15 @@ def collect_service(p: Probe, settings: Dict[str, Any]) -> Dict[str, Any]:
         pid = 0
     port = _url_port(settings.get("vllm_url") or "")
     if not pid and port:
-        pid = _listener_pid(p, port) or 0
+        pid = _listener_pid(port) or 0
         found_by = "listening socket :%d" % port if pid else None
     proc_data: Optional[Dict[str, Any]] = None
     proc_env: Optional[Dict[str, str]] = None
     error = None
-    source = p.path("/proc/%d" % pid) if pid else p.path("/proc")
+    source = "/proc/%d" % pid if pid else "/proc"
     if pid:
         try:
-            proc_data, proc_env = _process_data(p, pid)
+            proc_data, proc_env = _process_data(pid)
             proc_data["found_by"] = found_by
         except OSError as exc:
             error = "cannot read %s: %s" % (source, exc)
