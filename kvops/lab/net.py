@@ -21,10 +21,36 @@ def link_exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()
 
 
+def address_conflicts(ip_addr_output: str, bridge: str, subnet_prefix: str) -> list[str]:
+    """Interfaces other than ``bridge`` holding an address in the lab subnet (pure)."""
+    found = []
+    for line in ip_addr_output.splitlines():
+        fields = line.split()
+        is_other = len(fields) >= 4 and fields[2] == "inet" and fields[1] != bridge
+        if is_other and fields[3].startswith(subnet_prefix):
+            found.append(f"{fields[1]} {fields[3]}")
+    return found
+
+
 def ensure_bridge(cfg: LabConfig) -> None:
-    """Create the slot's bridge with its gateway address (idempotent)."""
+    """Create the slot's bridge with its gateway address (idempotent).
+
+    Forwarding is switched off for packets arriving on the bridge (per interface, so the
+    machine's global ``ip_forward`` is left as it is): even on a machine that routes, lab hosts
+    reach the bridge address and each other, never beyond.
+    """
+    prefix = cfg.gateway_ip.rsplit(".", 1)[0] + "."
+    conflicts = address_conflicts(
+        run(["ip", "-o", "-4", "addr", "show"]).stdout, cfg.bridge, prefix
+    )
+    if conflicts:
+        raise LabError(f"the lab subnet {prefix}0/24 is already used here: {', '.join(conflicts)}")
     if not link_exists(cfg.bridge):
         run(["ip", "link", "add", "name", cfg.bridge, "type", "bridge"])
+    Path(f"/proc/sys/net/ipv4/conf/{cfg.bridge}/forwarding").write_text("0\n")
+    v6 = Path(f"/proc/sys/net/ipv6/conf/{cfg.bridge}/disable_ipv6")
+    if v6.exists():
+        v6.write_text("1\n")
     addrs = run(["ip", "-o", "-4", "addr", "show", "dev", cfg.bridge]).stdout
     if f" {cfg.gateway_ip}/" not in addrs:
         run(["ip", "addr", "add", f"{cfg.gateway_ip}/{cfg.prefix_len}", "dev", cfg.bridge])

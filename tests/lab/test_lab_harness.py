@@ -71,6 +71,16 @@ def test_an_unknown_host_key_is_rejected(lab: LabHosts, tmp_path: Path) -> None:
         _paramiko(lab, lab.hosts[0].name, wrong)
 
 
+_TCP_PROBE = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], 22), timeout=2).close()
+    print("open")
+except OSError as exc:
+    print("closed", exc)
+"""
+
+
 def test_hosts_are_isolated_namespaces_without_sys_module(lab: LabHosts) -> None:
     name = lab.hosts[0].name
     out = lab.ssh(name, ["cat", "/proc/1/comm", "/proc/self/status"]).stdout
@@ -79,7 +89,12 @@ def test_hosts_are_isolated_namespaces_without_sys_module(lab: LabHosts) -> None
     assert not cap_bnd & (1 << 16), "CAP_SYS_MODULE must be dropped"
     route = lab.ssh(name, ["ip", "-4", "route"]).stdout
     assert f"default via {lab.gateway_ip}" in route
-    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "0"
+    bridge = f"kvopsbr{lab.slot}"
+    assert Path(f"/proc/sys/net/ipv4/conf/{bridge}/forwarding").read_text().strip() == "0"
+    sibling = lab.ssh(name, ["python3", "-c", _TCP_PROBE, lab.hosts[1].ip], check=False)
+    assert sibling.stdout.strip() == "open"  # hosts reach each other's sshd
+    outside = lab.ssh(name, ["python3", "-c", _TCP_PROBE, "192.0.2.1"], check=False)
+    assert outside.stdout.strip() != "open"  # and nothing beyond the bridge
 
 
 def test_ansible_playbook_uses_ssh_with_strict_host_keys(lab: LabHosts, tmp_path: Path) -> None:

@@ -115,3 +115,16 @@ def test_cli_without_root_says_why_in_one_line(
     assert result.exit_code == 1
     assert "the lab cannot run here: not root" in result.output
     assert "Traceback" not in result.output
+
+
+def test_lab_subnet_conflicts_are_found_on_other_interfaces_only() -> None:
+    from kvops.lab.net import address_conflicts
+
+    out = (
+        "1: lo    inet 127.0.0.1/8 scope host lo\n"
+        "2: eth0    inet 10.200.0.5/16 brd 10.200.255.255 scope global eth0\n"
+        "7: kvopsbr0    inet 10.200.0.1/24 scope global kvopsbr0\n"
+        "8: kvopsbr1    inet 10.200.1.1/24 scope global kvopsbr1\n"
+    )
+    assert address_conflicts(out, "kvopsbr0", "10.200.0.") == ["eth0 10.200.0.5/16"]
+    assert address_conflicts(out, "kvopsbr2", "10.200.2.") == []
