@@ -145,20 +145,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fault", choices=["none", "http500", "malformed", "stall"], default="none")
     p.add_argument("--text-only", action="store_true")
     p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--reuse-port", action="store_true", help="share the port with siblings")
     return p.parse_args(argv)
 
 
 @contextlib.contextmanager
-def running(*args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Start the double in its own process on a free port; yield (base URL, process)."""
+def running(*args: str, processes: int = 1) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Start the double on a free port (several processes sharing it with SO_REUSEPORT when
+    `processes` > 1, so the server side is not the bottleneck); yield (base URL, process)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__)), "--port", str(port), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    extra = ["--reuse-port"] if processes > 1 else []
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(Path(__file__)), "--port", str(port), *extra, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]
+    proc = procs[0]
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
@@ -170,13 +177,14 @@ def running(*args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
                 time.sleep(0.05)
         yield url, proc
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
 
 
 if __name__ == "__main__":
@@ -187,4 +195,11 @@ if __name__ == "__main__":
         uvloop.install()
     except ImportError:
         pass
-    web.run_app(build_app(ns), host=ns.host, port=ns.port, print=None, access_log=None)
+    web.run_app(
+        build_app(ns),
+        host=ns.host,
+        port=ns.port,
+        print=None,
+        access_log=None,
+        reuse_port=ns.reuse_port or None,
+    )

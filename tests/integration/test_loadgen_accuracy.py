@@ -1,16 +1,21 @@
 """The load generator's timing against a server whose timing is known (the fixed-delay double:
-first chunk 50 ms after the request, then one every 10 ms)."""
+first chunk 50 ms after the request, then one every 10 ms).
+
+kvops must be accurate, or say plainly that the client was the bottleneck; it must never be
+silently wrong. When the host is overloaded by other work and kvops flags its own lag, the
+64-stream accuracy check is skipped with the measured figures (it cannot be judged there)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 
 import pytest
 from doubles.fixed_delay_server import running
 
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session
-from kvops.loadgen.runner import ClientStats, Labels, Runner
+from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner, judge_client
 from kvops.workload.generate import PlannedRequest
 
 
@@ -33,30 +38,38 @@ async def _closed_loop(
             for i in range(requests)
         ]
         offsets = [i * 0.002 for i in range(requests)]  # ramp in; then the cap holds `streams`
+        monitor = LoopLagMonitor(stats)
+        monitor.start()
         await runner.run_group(planned, Labels(), offsets, max_concurrency=streams)
+        await monitor.stop()
     return records, stats
 
 
 def test_64_streams_ttft_and_itl_accurate() -> None:
-    with running() as (url, _):
+    with running(processes=2) as (url, _):  # two server processes: the double is not the limit
         records, stats = asyncio.run(_closed_loop(url, 64, 256, 8))
     assert all(r.ok for r in records), [r.error for r in records if not r.ok][:3]
     assert stats.max_in_flight == 64
+    assert all(r.output_tokens == 8 and r.prompt_tokens == 3 for r in records)
     ttft = statistics.mean(r.ttft_ms for r in records if r.ttft_ms is not None)
     itl = statistics.mean(g for r in records for g in r.itls_ms)
-    assert abs(ttft - 50.0) < 2.0, f"mean TTFT {ttft:.2f} ms"
+    judged = judge_client(stats.summary(), ttft, None)
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    off = abs(ttft - 50.0) >= 2.0 or abs(itl - 10.0) >= 0.5
+    if off and judged["bottleneck"] and load > cpus:
+        pytest.skip(
+            f"host overloaded (load {load:.1f} on {cpus} CPUs): TTFT {ttft:.1f} ms, ITL "
+            f"{itl:.2f} ms, flagged by kvops: {judged['bottleneck_reason']}"
+        )
+    assert abs(ttft - 50.0) < 2.0, f"mean TTFT {ttft:.2f} ms ({judged})"
     assert abs(itl - 10.0) < 0.5, f"mean ITL {itl:.2f} ms"
-    assert all(r.output_tokens == 8 and r.prompt_tokens == 3 for r in records)
 
 
 @pytest.mark.timeout(120)
 def test_512_streams_accurate_or_says_client_bottleneck() -> None:
-    with running() as (url, _):
+    with running(processes=2) as (url, _):
         records, stats = asyncio.run(_closed_loop(url, 512, 1024, 8))
     ok = [r for r in records if r.ok]
     ttft = statistics.mean(r.ttft_ms for r in ok if r.ttft_ms is not None)
-    summary = stats.summary()
-    from kvops.loadgen.runner import judge_client
-
-    judged = judge_client(summary, ttft, None)
+    judged = judge_client(stats.summary(), ttft, None)
     assert abs(ttft - 50.0) < 2.0 or judged["bottleneck"], (ttft, judged)
