@@ -1,0 +1,84 @@
+"""The smoke runner's offline helpers: chunk-file listing and LMCache header checks, KV capacity
+from vLLM's metrics, and the CLI's surface."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from kvops.cli import main
+from kvops.parse.prometheus import parse_prometheus_text
+from kvops.smoke_run import describe_chunk_file, kv_capacity_tokens, list_chunk_files, snapshot
+
+
+def _lmcache_file(path: Path, payload_bytes: int, declared_bytes: int | None = None) -> None:
+    """A chunk file in LMCache's GDS layout: 8-byte length, JSON padded to 4096, payload."""
+    header = json.dumps(
+        {"kvcache": {"dtype": "BF16", "shape": [2, 2, 256, 1, 64],
+                     "data_offsets": [0, declared_bytes or payload_bytes],
+                     "__metadata__": {"lmcache_version": "1"}}}
+    ).encode()  # fmt: skip
+    head = struct.pack("<Q", len(header)) + header.ljust(4088, b" ")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(head + b"\0" * payload_bytes)
+
+
+def test_lists_finished_safetensors_only(tmp_path: Path) -> None:
+    _lmcache_file(tmp_path / "12" / "34" / "m%401%400%40ab%40bfloat16.kvcache.safetensors", 64)
+    (tmp_path / "12" / "34" / "x.kvcache.safetensors.tmp1a2b3c4d").write_bytes(b"partial")
+    (tmp_path / "12" / "34" / "x.kvcache.safetensors.metadata").write_bytes(b"m")
+    (tmp_path / "abc").mkdir()
+    (tmp_path / "abc" / "model.layers.0.self_attn.attn.safetensors").write_bytes(b"kv")
+    found = list_chunk_files(tmp_path)
+    assert sorted(Path(p).name for p in found) == [
+        "m%401%400%40ab%40bfloat16.kvcache.safetensors",
+        "model.layers.0.self_attn.attn.safetensors",
+    ]
+    assert list_chunk_files(tmp_path / "missing") == set()
+
+
+def test_lmcache_header_must_match_the_file_size(tmp_path: Path) -> None:
+    good = tmp_path / "good.kvcache.safetensors"
+    _lmcache_file(good, 1000)
+    bad = tmp_path / "bad.kvcache.safetensors"
+    _lmcache_file(bad, 1000, declared_bytes=2000)
+    short = tmp_path / "short.kvcache.safetensors"
+    short.write_bytes(b"x" * 100)
+    assert describe_chunk_file(str(good)).header_ok is True
+    assert describe_chunk_file(str(good)).size_bytes == 4096 + 1000
+    assert describe_chunk_file(str(bad)).header_ok is False
+    assert describe_chunk_file(str(short)).header_ok is False
+    connector = tmp_path / "layer.safetensors"
+    connector.write_bytes(b"kv")
+    assert describe_chunk_file(str(connector)).layout == "connector"
+    assert describe_chunk_file(str(connector)).header_ok is None
+
+
+VLLM_METRICS = """\
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",engine="0",num_gpu_blocks="40"} 1.0
+# TYPE vllm:external_prefix_cache_hits counter
+vllm:external_prefix_cache_hits_total{engine="0",model_name="tiny"} 1920.0
+"""
+
+
+def test_kv_capacity_and_snapshot_from_vllm_metrics() -> None:
+    metrics = parse_prometheus_text(VLLM_METRICS)
+    assert kv_capacity_tokens(metrics) == 5120
+    snap = snapshot(metrics)
+    assert snap.get("vllm:external_prefix_cache_hits") == 1920.0
+    assert snap.get("lmcache:num_stored_tokens") is None
+    assert snap.has_lmcache is False
+    assert kv_capacity_tokens(parse_prometheus_text("")) is None
+
+
+def test_cli_lists_smoke_and_its_options() -> None:
+    assert "smoke" in CliRunner().invoke(main, ["--help"]).output
+    result = CliRunner().invoke(main, ["smoke", "--help"])
+    assert result.exit_code == 0
+    for option in ("--url", "--gds-dir", "--json", "--model", "--prompt-tokens", "--timeout"):
+        assert option in result.output
+    assert CliRunner().invoke(main, ["smoke"]).exit_code == 2  # --url is required
