@@ -45,13 +45,14 @@ def lab() -> None:
 
     \b
     Each host: an overlayfs over a cached Debian 12 image, its own network/mount/UTS/PID
-    namespaces on a private bridge 10.200.<slot>.0/24 (ip_forward untouched: nothing leaves
+    namespaces on a private bridge 10.200.<slot>.0/24 (no forwarding from it: nothing leaves
     the machine), sshd as PID 1, CAP_SYS_MODULE dropped, a local apt repo of test doubles.
 
     \b
-    kvops lab up --hosts 3        start 3 hosts, write inventories/lab/{hosts.yml,known_hosts,...}
+    kvops lab up --hosts 3        start 3 hosts; writes inventories/lab/hosts.yml and .ssh/
     ansible-playbook -i inventories/lab playbooks/site.yml
     kvops lab status --json
+    kvops lab restart kvlab-1     reboot one host (modules-load.d, fstab NFS replayed)
     kvops lab down
     """
 
@@ -120,6 +121,22 @@ def down(slot: int, all_slots: bool) -> None:
         if removed or not all_slots:
             names = ", ".join(removed) if removed else "nothing was running"
             click.echo(f"lab slot {number}: removed {len(removed)} host(s): {names}")
+
+
+@lab.command("restart")
+@click.argument("name")
+@_slot_option
+def restart(name: str, slot: int) -> None:
+    """Reboot host NAME: same disk, fresh processes and mounts, modules-load.d replayed."""
+    cfg = _config(1, "kvlab", slot, None)
+    _require_lab()
+    try:
+        with slot_lock(cfg.lab_dir, cfg.slot):
+            state = Lab(cfg).restart_host(name)
+    except (LabError, OSError) as exc:
+        _fail(exc)
+        return
+    click.echo(f"{state.name}\t{state.ip}\trestarted")
 
 
 @lab.command("status")
