@@ -270,8 +270,8 @@ def judge_chunk_files(ev: SmokeEvidence) -> SmokeItem:
         return SmokeItem(
             "chunk_files",
             "FAIL",
-            f"no new chunk files under {ev.gds_dir} "
-            f"({ev.files_after_count} there, none new): nothing was written to storage",
+            f"no new chunk files under {ev.gds_dir} ({ev.files_after_count} there, none new): "
+            "nothing was written to storage, or this is not the engine's gds_path as seen here",
         )
     lmcache = [f for f in new if f.layout == "lmcache"]
     bad = [f for f in lmcache if f.header_ok is False]

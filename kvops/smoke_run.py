@@ -107,11 +107,21 @@ class _Server:
         return parse_prometheus_text(text)
 
 
+# Names older vLLM releases used (removed in 0.11-0.12) for the same counters.
+OLD_NAMES = {
+    "vllm:prefix_cache_queries": "vllm:gpu_prefix_cache_queries",
+    "vllm:prefix_cache_hits": "vllm:gpu_prefix_cache_hits",
+}
+
+
 def snapshot(metrics: PrometheusText) -> MetricsSnapshot:
-    return MetricsSnapshot(
-        {name: metrics.counter_value(name) for name in COUNTERS},
-        metrics.has_prefix("lmcache:"),
-    )
+    counters: dict[str, float | None] = {}
+    for name in COUNTERS:
+        value = metrics.counter_value(name)
+        if value is None and name in OLD_NAMES:
+            value = metrics.counter_value(OLD_NAMES[name])
+        counters[name] = value
+    return MetricsSnapshot(counters, metrics.has_prefix("lmcache:"))
 
 
 def kv_capacity_tokens(metrics: PrometheusText) -> int | None:

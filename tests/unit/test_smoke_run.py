@@ -75,6 +75,11 @@ def test_kv_capacity_and_snapshot_from_vllm_metrics() -> None:
     assert kv_capacity_tokens(parse_prometheus_text("")) is None
 
 
+def test_snapshot_reads_the_names_of_older_vllm() -> None:
+    old = "# TYPE vllm:gpu_prefix_cache_hits counter\nvllm:gpu_prefix_cache_hits_total 256.0\n"
+    assert snapshot(parse_prometheus_text(old)).get("vllm:prefix_cache_hits") == 256.0
+
+
 def test_cli_lists_smoke_and_its_options() -> None:
     assert "smoke" in CliRunner().invoke(main, ["--help"]).output
     result = CliRunner().invoke(main, ["smoke", "--help"])
