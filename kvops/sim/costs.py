@@ -77,6 +77,14 @@ class CostModel:
         )
         return dense + attention
 
+    def prefill_flops_total(self, new_tokens: int, attention_token_pairs: float) -> float:
+        """FLOPs of a whole step: dense over all new tokens plus attention, where
+        `attention_token_pairs` is the sum over requests of n x (c + n/2)."""
+        m = self.model
+        return 2.0 * m.params_b * 1e9 * new_tokens + 4.0 * m.num_layers * m.hidden_size * (
+            attention_token_pairs
+        )
+
     def step_time_s(self, flops: float, kv_tokens_read: int, new_tokens: int) -> float:
         """One forward pass: max(compute, memory) + overhead, on one rank."""
         g = self.gpu

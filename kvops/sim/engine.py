@@ -48,7 +48,8 @@ class _Seq:
 
     __slots__ = (
         "anon_blocks", "block_hashes", "chunk_hashes", "chunks_saved", "generated",
-        "held", "num_computed", "output_tokens", "prompt_len", "record", "scheduled_once",
+        "held", "lookup", "lookup_key", "num_computed", "output_tokens", "prompt_len", "record",
+        "scheduled_once",
     )  # fmt: skip
 
     def __init__(self, req: Request, block_size: int, chunk_size: int) -> None:
@@ -65,6 +66,8 @@ class _Seq:
         self.anon_blocks = 0
         self.chunks_saved = 0
         self.scheduled_once = False
+        self.lookup_key: tuple[int, int, int] = (-1, -1, -1)
+        self.lookup: tuple[int, int, int] = (0, 0, 0)
 
     def total_len(self) -> int:
         return self.prompt_len + self.generated
@@ -167,18 +170,26 @@ class Engine:
         total = seq.total_len()
         limit = (total - 1) // bs  # vLLM always recomputes at least the last token
         caching = self.settings.enable_prefix_caching
-        gpu_blocks = self.cache.lookup(seq.block_hashes, limit) if caching else 0
+        offload = self.offload
+        # A request that did not fit is retried every step; its lookups are reused until the
+        # GPU cache or the offload tier changed (their epochs), which is most steps' case.
+        key = (self.cache.epoch, offload.advance(self.now_s) if offload else -1, total)
+        if seq.lookup_key != key:
+            gpu_blocks = self.cache.lookup(seq.block_hashes, limit) if caching else 0
+            evictable = self.cache.evictable_among(seq.block_hashes[:gpu_blocks])
+            stored = offload.lookup_tokens(seq.chunk_hashes, seq.prompt_len) if offload else 0
+            seq.lookup_key, seq.lookup = key, (gpu_blocks, evictable, stored)
+        gpu_blocks, evictable, stored = seq.lookup
+        if offload is not None:
+            offload.record_lookup(seq.prompt_len, stored)
         gpu_hit = gpu_blocks * bs
-        ext = 0
-        if self.offload is not None:
-            stored = self.offload.lookup_tokens(seq.chunk_hashes, seq.prompt_len, self.now_s)
-            ext = max(0, min(stored, total - 1) - gpu_hit)
+        ext = max(0, min(stored, total - 1) - gpu_hit) if offload else 0
         new = min(total - gpu_hit - ext, budget)
         if new <= 0:
             return None
         hit_hashes = seq.block_hashes[:gpu_blocks]
         need = -(-(gpu_hit + ext + new) // bs) - gpu_blocks
-        if self.cache.available() - self.cache.evictable_among(hit_hashes) < need:
+        if self.cache.available() - evictable < need:
             return None
         self.cache.acquire(hit_hashes)
         self.cache.allocate(need)
@@ -188,7 +199,7 @@ class Engine:
         load_s = 0.0
         if ext:
             assert self.offload is not None
-            load_s = self.offload.load_time_s(seq.chunk_hashes, gpu_hit, gpu_hit + ext, self.now_s)
+            load_s = self.offload.load_time_s(seq.chunk_hashes, gpu_hit, gpu_hit + ext)
             load_s += self.costs.device_copy_s(ext)
             if caching:
                 self._register_full_blocks(seq)
@@ -239,21 +250,25 @@ class Engine:
         preempted = False
         load_s = 0.0
         running = self._running
+        cache = self.cache
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            n = min(seq.total_len() - seq.num_computed, budget)
+            n = seq.prompt_len + seq.generated - seq.num_computed
+            if n > budget:
+                n = budget
             need = self._blocks_for(seq, seq.num_computed + n)
-            while need > self.cache.available():
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is seq:
+            if need > 0:  # decodes need a new block only every block_size tokens
+                while need > cache.available():
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is seq:
+                        break
+                if i >= len(running) or running[i] is not seq:
                     break
-            if i >= len(running) or running[i] is not seq:
-                break
-            self.cache.allocate(need)
-            seq.anon_blocks += max(0, need)
+                cache.allocate(need)
+                seq.anon_blocks += need
             scheduled.append((seq, n))
             budget -= n
             i += 1
@@ -279,13 +294,15 @@ class Engine:
 
     def _execute(self, scheduled: list[tuple[_Seq, int]], load_s: float) -> StepResult:
         costs = self.costs
-        flops = 0.0
         context = 0
         new_tokens = 0
+        attention = 0.0  # sum of n x (context + n/2): the attention term of prefill FLOPs
         for seq, n in scheduled:
-            flops += costs.prefill_flops(n, seq.num_computed)
-            context += seq.num_computed
+            c = seq.num_computed
+            context += c
             new_tokens += n
+            attention += n * (c + n / 2.0)
+        flops = costs.prefill_flops_total(new_tokens, attention)
         start_s = self.now_s
         compute_s = costs.step_time_s(flops, context, new_tokens)
         end_s = start_s + load_s + compute_s
@@ -298,7 +315,7 @@ class Engine:
             seq.num_computed += n
             if caching and len(seq.held) < len(seq.block_hashes):
                 self._register_full_blocks(seq)
-            if offload is not None:
+            if offload is not None and seq.chunks_saved < len(seq.chunk_hashes):
                 full = min(seq.num_computed, seq.prompt_len) // offload.chunk_size
                 if full > seq.chunks_saved:
                     to_store.extend(seq.chunk_hashes[seq.chunks_saved : full])

@@ -28,6 +28,7 @@ class GpuKvCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.free_blocks = num_blocks  # neither hashed nor in use
+        self.epoch = 0  # bumped whenever which blocks are resident or evictable changes
         self.resident: Counter[int] = Counter()  # hashed blocks -> users (0 = evictable)
         # The evictable ones, LRU first. A plain dict keeps insertion order and bulk-updates
         # several times faster than OrderedDict; a block is re-appended after every use.
@@ -53,6 +54,7 @@ class GpuKvCache:
 
     def acquire(self, hashes: Sequence[int]) -> None:
         """Take a reference on resident blocks (a prefix hit)."""
+        self.epoch += 1
         _consume(map(self.lru.pop, hashes, repeat(None)))
         self.resident.update(hashes)
 
@@ -66,6 +68,7 @@ class GpuKvCache:
         self.free_blocks -= from_free
         evict = count - from_free
         if evict:
+            self.epoch += 1
             victims = list(islice(self.lru, evict))
             _consume(map(self.lru.pop, victims))
             _consume(map(self.resident.pop, victims))
@@ -77,16 +80,20 @@ class GpuKvCache:
         keeps that block and the rest unhashed). Returns how many were registered."""
         resident = self.resident
         if resident.keys().isdisjoint(hashes):
+            n = len(hashes)
             resident.update(hashes)
-            return len(hashes)
-        n = len(list(takewhile(lambda h: h not in resident, hashes)))
-        resident.update(hashes[:n])
+        else:
+            n = len(list(takewhile(lambda h: h not in resident, hashes)))
+            resident.update(hashes[:n])
+        if n:
+            self.epoch += 1
         return n
 
     def release(self, hashes: Sequence[int], unhashed: int) -> None:
         """Drop a request's references; blocks nobody uses become evictable, tail first
         (vLLM frees a request's blocks in reverse so a prefix's tail is evicted first)."""
         resident, lru = self.resident, self.lru
+        self.epoch += 1
         if hashes and max(map(resident.__getitem__, hashes)) == 1:
             dict.update(resident, dict.fromkeys(hashes, 0))  # C-level; Counter.update loops
             lru.update(dict.fromkeys(reversed(hashes)))
@@ -103,6 +110,7 @@ class GpuKvCache:
         blocks are in use, as vLLM answers then."""
         if self.in_use_hashed():
             return False
+        self.epoch += 1
         self.free_blocks += len(self.lru)
         self.lru.clear()
         self.resident.clear()

@@ -79,6 +79,7 @@ class OffloadTier:
         self._known: dict[int, int] = {}  # chunk -> levels holding it or writing it
         self._in_flight: list[tuple[float, int, int, list[int]]] = []  # (ready, seq, level, hashes)
         self._seq = 0
+        self.epoch = 0
 
     def _chunks(self, size_gb: float) -> int:
         """Capacity in chunks; scaled like the GPU pool (`kv_capacity_scale`) so a scaled-down
@@ -102,6 +103,7 @@ class OffloadTier:
         heap = self._in_flight
         while heap and heap[0][0] <= now_s:
             _, _, idx, hashes = heapq.heappop(heap)
+            self.epoch += 1
             level = self.levels[idx]
             readable = self._readable
             for h in hashes:
@@ -117,6 +119,7 @@ class OffloadTier:
         if excess <= 0:
             return
         readable, known = self._readable, self._known
+        self.epoch += 1
         for h in list(islice(level.landed, excess)):
             del level.landed[h]
             self.stats.evictions += 1
@@ -127,20 +130,26 @@ class OffloadTier:
             if not known[h]:
                 del known[h]
 
-    def lookup_tokens(self, chunk_hashes: list[int], num_tokens: int, now_s: float) -> int:
-        """Tokens of the longest stored, fully written prefix (LMCache never reports the whole
-        prompt: at least its last token is recomputed)."""
-        self._land(now_s)
+    def advance(self, now_s: float) -> int:
+        """Land the writes finished by `now_s`; returns the epoch (changes whenever the set of
+        readable chunks does)."""
+        if self._in_flight and self._in_flight[0][0] <= now_s:
+            self._land(now_s)
+        return self.epoch
+
+    def lookup_tokens(self, chunk_hashes: list[int], num_tokens: int) -> int:
+        """Tokens of the longest readable prefix as of the last `advance` (LMCache never
+        reports the whole prompt: at least its last token is recomputed)."""
         n = len(list(takewhile(self._readable.__contains__, chunk_hashes)))
-        hit = max(0, min(n * self.chunk_size, num_tokens - 1))
+        return max(0, min(n * self.chunk_size, num_tokens - 1))
+
+    def record_lookup(self, num_tokens: int, hit_tokens: int) -> None:
+        """Count one lookup as LMCache's counters do (every scheduler attempt counts)."""
         self.stats.lookup_requests += 1
         self.stats.lookup_tokens += num_tokens
-        self.stats.lookup_hit_tokens += hit
-        return hit
+        self.stats.lookup_hit_tokens += hit_tokens
 
-    def load_time_s(
-        self, chunk_hashes: list[int], start_token: int, end_token: int, now_s: float
-    ) -> float:
+    def load_time_s(self, chunk_hashes: list[int], start_token: int, end_token: int) -> float:
         """Load tokens [start_token, end_token) from the fastest level holding each chunk
         (levels are ordered fastest first); call after `lookup_tokens` at the same time."""
         if end_token <= start_token:
@@ -155,7 +164,7 @@ class OffloadTier:
                 idx = next(i for i, lv in enumerate(self.levels) if h in lv.landed)
                 per_level[idx] += 1
         for level in self.levels:
-            if level.capacity_chunks is not None:  # refresh LRU position
+            if level.capacity_chunks is not None:  # refresh LRU position (order only)
                 for h in wanted:
                     if level.landed.pop(h, 0) is None:
                         level.landed[h] = None
