@@ -130,7 +130,7 @@ class Runner:
 
     def _record(self, p: PlannedRequest, labels: Labels, scheduled: float) -> RequestRecord:
         return RequestRecord(
-            request_id=labels.attempt + p.request.request_id,
+            request_id=f"{labels.attempt}{labels.scenario}/{labels.arm}/{p.request.request_id}",
             arm=labels.arm,
             scenario=labels.scenario,
             trial=labels.trial,

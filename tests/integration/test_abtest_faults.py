@@ -163,3 +163,13 @@ def test_ctrl_c_keeps_records_and_resume_finishes(tmp_path: Path) -> None:
         assert doc["scenarios"]["custom"]["arms"][arm]["metrics"]["completed"] == 2 * 7 * 4
     segments = [json.loads(x) for x in (out / "segments.jsonl").read_text().splitlines()]
     assert len(segments) == 4
+
+
+def test_worker_processes_record_every_request(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with running() as (a, _), running() as (b, _):
+        proc = _run(_cmd(out, _workload(tmp_path), a, b, "--workers", "2"))
+    assert proc.returncode == 0, proc.stderr
+    lines = (out / "records.jsonl").read_text().splitlines()
+    assert len(lines) == 32 and len({json.loads(x)["request_id"] for x in lines}) == 32
+    assert _results(out)["client"]["workers"] == 2
