@@ -7,6 +7,7 @@ variables for the lab live in ``site_lab_vars.yml`` (a second inventory source).
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -89,3 +90,40 @@ def changed_tasks(proc: subprocess.CompletedProcess[str], host: str) -> list[str
         elif line.startswith(f"changed: [{host}]") and (not names or names[-1] != current):
             names.append(current)
     return names
+
+
+def run_role(
+    lab: LabHosts,
+    workdir: Path,
+    role: str,
+    *,
+    limit: str,
+    extra_vars: dict[str, Any] | None = None,
+    site_vars: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Apply one role to ``limit`` (with the lab's role variables unless ``site_vars=False``)."""
+    playbook = workdir / f"apply-{role}.yml"
+    playbook.write_text(
+        f"---\n- name: Apply {role}\n  hosts: gpu_hosts\n  become: true\n"
+        f"  gather_facts: true\n  roles:\n    - role: {role}\n"
+    )
+    args = ["-i", str(SITE_VARS)] if site_vars else []
+    return lab.ansible_playbook(
+        playbook,
+        *args,
+        limit=limit,
+        extra_vars=extra_vars,
+        env={"ANSIBLE_ROLES_PATH": str(REPO_ROOT / "roles")},
+    )
+
+
+def failure_messages(proc: subprocess.CompletedProcess[str]) -> str:
+    """The ``msg`` of every ``fatal:`` result of a play (what the operator reads), one a line."""
+    msgs = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("fatal:") and "=> " in line:
+            try:
+                msgs.append(str(json.loads(line.split("=> ", 1)[1]).get("msg", line)))
+            except ValueError:
+                msgs.append(line)
+    return "\n".join(msgs)
