@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	@$(BIN)/kvops ab-test --scenario all --scale 0.25 --out runs/demo --overwrite
+	@$(BIN)/kvops ab-test --scenario all --scale 0.1 --out runs/demo --overwrite
 
 lint: $(STAMP)
 	@$(BIN)/ruff check kvops tests benchmarks
