@@ -19,7 +19,11 @@ from kvops.lab.config import LAB_USER
 from kvops.lab.errors import LabError, run
 
 VARIANT_FILE = "etc/kvops-test-doubles/variant.env"
-VARIANT_KEYS = ("GDSCHECK",)
+# Per-host switches of the doubles and the values each accepts (first = default).
+VARIANTS = {
+    "GDSCHECK": ("healthy", "compat", "unsupported"),
+    "RDMA": ("active", "down", "none"),
+}
 
 
 # The lab's stand-in for /proc and /sys (the probe's path-root seam): the entries the kernel here
@@ -41,7 +45,7 @@ PROC_LINKS = (
     "sys",
     "partitions",
 )
-SYS_LINKS = ("class", "bus", "devices", "kernel", "block", "fs", "firmware")
+SYS_LINKS = ("bus", "devices", "kernel", "block", "fs", "firmware")
 
 
 def _proc_tree(proc: Path, sys: Path) -> None:
@@ -52,6 +56,12 @@ def _proc_tree(proc: Path, sys: Path) -> None:
     sys.mkdir(parents=True, exist_ok=True)
     for name in SYS_LINKS:
         (sys / name).symlink_to(f"/sys/{name}")
+    # /sys/class entry by entry (the hosts share this kernel), except infiniband: the modelled
+    # RDMA NIC lives there (tests/lab/doubles/rdma-device).
+    (sys / "class").mkdir()
+    for entry in sorted(Path("/sys/class").iterdir()):
+        if entry.name != "infiniband":
+            (sys / "class" / entry.name).symlink_to(f"/sys/class/{entry.name}")
 
 
 def lab_user_ids(base: Path) -> tuple[int, int]:
@@ -64,14 +74,14 @@ def lab_user_ids(base: Path) -> tuple[int, int]:
 
 
 def render_variant(variant: Mapping[str, str]) -> str:
-    """``GDSCHECK=compat`` lines; unknown keys are refused so a typo cannot pass silently."""
-    unknown = sorted(set(variant) - set(VARIANT_KEYS))
+    """``GDSCHECK=compat`` lines; unknown keys or values are refused (a typo must not pass)."""
+    unknown = sorted(set(variant) - set(VARIANTS))
     if unknown:
-        raise LabError(f"unknown variant keys {unknown}; known: {', '.join(VARIANT_KEYS)}")
+        raise LabError(f"unknown variant keys {unknown}; known: {', '.join(VARIANTS)}")
     lines = ["# kvops lab: per-host switch of the test doubles (empty = healthy)"]
     for key, value in sorted(variant.items()):
-        if not value.replace("-", "").replace("_", "").isalnum():
-            raise LabError(f"variant {key}={value!r}: use letters, digits, '-' or '_'")
+        if value not in VARIANTS[key]:
+            raise LabError(f"variant {key}={value!r}: choose one of {', '.join(VARIANTS[key])}")
         lines.append(f"{key}={value}")
     return "\n".join(lines) + "\n"
 

@@ -22,7 +22,7 @@ from typing import Any
 from kvops.lab import aptrepo, host, inventory, net, rootfs
 from kvops.lab.config import LAB_USER, LabConfig
 from kvops.lab.errors import LabError, run
-from kvops.lab.inject import prepare_inject
+from kvops.lab.inject import VARIANT_FILE, prepare_inject, render_variant
 from kvops.lab.state import (
     STATE_FILE,
     HostState,
@@ -240,6 +240,20 @@ class Lab:
         state.save(self.state_path)
         host.wait_ready(h.ip, proc, Path(h.dir) / "console.log", ready_timeout_s)
         return h
+
+    def set_variant(self, name: str, variant: Mapping[str, str]) -> str:
+        """Record a host's variant switch for its next starts; returns the file's content.
+
+        The running host gets the same content from the caller (over SSH), so the switch acts
+        at once and survives a restart (the inject tree is copied in at every start).
+        """
+        state = self.state()
+        hosts = [h for h in state.hosts if h.name == name] if state else []
+        if not hosts:
+            raise LabError(f"no host {name!r} in the lab")
+        content = render_variant(variant)
+        (Path(hosts[0].dir) / "inject" / VARIANT_FILE).write_text(content)
+        return content
 
     # ---- down -------------------------------------------------------------------------------
     def down(self) -> list[str]:

@@ -158,10 +158,12 @@ class LabHosts:
         return proc.stdout.splitlines() if proc.returncode == 0 else []
 
     def set_variant(self, name: str, **values: str) -> None:
-        """Switch a host's doubles, e.g. ``set_variant("kvlab-3", GDSCHECK="compat")``."""
+        """Switch a host's doubles now and for later restarts, e.g. ``GDSCHECK="compat"``;
+        no values = back to healthy."""
         from kvops.lab.inject import VARIANT_FILE, render_variant
 
-        self.write_file(name, "/" + VARIANT_FILE, render_variant(values))
+        content = self._lab.set_variant(name, values) if self._lab else render_variant(values)
+        self.write_file(name, "/" + VARIANT_FILE, content)
 
     def restart(self, name: str) -> None:
         """Reboot a host: same disk, fresh processes/mounts, modules-load.d replayed."""

@@ -97,6 +97,16 @@ def test_hosts_are_isolated_namespaces_without_sys_module(lab: LabHosts) -> None
     assert outside.stdout.strip() != "open"  # and nothing beyond the bridge
 
 
+def test_every_host_has_the_modelled_rdma_port_bound_at_boot(lab: LabHosts) -> None:
+    name = lab.hosts[0].name
+    port = f"{PROBE_ROOTS['sys']}/class/infiniband/mlx5_0/ports/1"
+    assert lab.read_file(name, f"{port}/state").strip() == "4: ACTIVE"
+    assert lab.read_file(name, f"{port}/gid_attrs/ndevs/0").strip() == "eth0"
+    assert "\nmlx5_ib " in lab.ssh(name, ["lsmod"]).stdout
+    assert lab.doubles_log(name, "modprobe") == []  # coldplug is not a modprobe call
+    assert lab.read_file(name, f"{PROBE_ROOTS['sys']}/class/net/eth0/address").strip()
+
+
 def test_ansible_playbook_uses_ssh_with_strict_host_keys(lab: LabHosts, tmp_path: Path) -> None:
     inventory = lab.inventory_path.read_text()
     assert "StrictHostKeyChecking=yes" in inventory
@@ -210,6 +220,11 @@ def test_restart_replays_modules_load_and_keeps_host_key(scratch: LabHosts) -> N
     assert "\nrpcrdma " in lsmod and "\nnvidia_fs " not in lsmod
     assert "loaded rpcrdma" in scratch.read_file(h, "/var/log/kvops-test-doubles/boot.log")
     assert scratch.ssh(h, ["test", "-f", "/root/survives-reboot"], sudo=True).returncode == 0
+    # RDMA=down takes the modelled port down from the next boot on.
+    scratch.set_variant(h, RDMA="down")
+    scratch.restart(h)
+    assert scratch.ssh(h, ["ibdev2netdev"]).stdout == "mlx5_0 port 1 ==> eth0 (Down)\n"
+    scratch.set_variant(h)
     # The fstab NFS entry of the mount test is mounted again at boot, through the double.
     proc_mounts = scratch.read_file(h, f"{PROBE_ROOTS['proc']}/mounts")
     assert "192.0.2.10:/kvcache /mnt/kv nfs4 rw,relatime,vers=4.1,proto=rdma" in proc_mounts

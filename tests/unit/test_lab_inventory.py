@@ -95,8 +95,9 @@ def test_variant_file_refuses_unknown_keys_and_odd_values() -> None:
     assert render_variant({"GDSCHECK": "compat"}).endswith("GDSCHECK=compat\n")
     with pytest.raises(LabError, match="GDSCHEK"):
         render_variant({"GDSCHEK": "compat"})
-    with pytest.raises(LabError):
+    with pytest.raises(LabError, match="healthy, compat, unsupported"):
         render_variant({"GDSCHECK": "x; rm -rf /"})
+    assert "RDMA=down" in render_variant({"RDMA": "down", "GDSCHECK": "healthy"})
 
 
 def test_cli_bad_name_prefix_is_a_usage_error_without_traceback() -> None:
