@@ -191,7 +191,7 @@ class Engine:
         need = -(-(gpu_hit + ext + new) // bs) - gpu_blocks
         if self.cache.available() - evictable < need:
             return None
-        self.cache.acquire(hit_hashes)
+        self.cache.acquire(hit_hashes, evictable)
         self.cache.allocate(need)
         seq.held = list(hit_hashes)
         seq.anon_blocks = need

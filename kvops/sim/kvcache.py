@@ -10,9 +10,15 @@ requests) are counted without a hash. Blocks are counted, not materialised, whic
 
 from __future__ import annotations
 
+import collections
 from collections import Counter, deque
-from collections.abc import Sequence
-from itertools import islice, repeat, takewhile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import compress, islice, repeat, takewhile
+from operator import not_, sub
+
+# Counter.update's C helper, called directly: Counter.update itself adds an ABC isinstance check
+# and a Python frame per call.
+_count_elements: Callable[[Mapping[int, int], Iterable[int]], None] = collections._count_elements  # type: ignore[attr-defined]
 
 
 def _consume(iterator: object) -> None:
@@ -52,11 +58,13 @@ class GpuKvCache:
     def evictable_among(self, hashes: Sequence[int]) -> int:
         return sum(map(self.lru.__contains__, hashes))
 
-    def acquire(self, hashes: Sequence[int]) -> None:
-        """Take a reference on resident blocks (a prefix hit)."""
+    def acquire(self, hashes: Sequence[int], evictable: int = -1) -> None:
+        """Take a reference on resident blocks (a prefix hit); `evictable` (how many of them
+        are evictable, if the caller knows) lets a hit on in-use blocks skip the LRU pass."""
         self.epoch += 1
-        _consume(map(self.lru.pop, hashes, repeat(None)))
-        self.resident.update(hashes)
+        if evictable:
+            _consume(map(self.lru.pop, hashes, repeat(None)))
+        _count_elements(self.resident, hashes)
 
     def allocate(self, count: int) -> bool:
         """Take `count` unhashed blocks, evicting cached ones LRU-first; False if impossible."""
@@ -81,28 +89,27 @@ class GpuKvCache:
         resident = self.resident
         if resident.keys().isdisjoint(hashes):
             n = len(hashes)
-            resident.update(hashes)
+            _count_elements(resident, hashes)
         else:
             n = len(list(takewhile(lambda h: h not in resident, hashes)))
-            resident.update(hashes[:n])
+            _count_elements(resident, hashes[:n])
         if n:
             self.epoch += 1
         return n
 
     def release(self, hashes: Sequence[int], unhashed: int) -> None:
         """Drop a request's references; blocks nobody uses become evictable, tail first
-        (vLLM frees a request's blocks in reverse so a prefix's tail is evicted first)."""
+        (vLLM frees a request's blocks in reverse so a prefix's tail is evicted first).
+        All C-level passes: a fast path when no block is shared, else a general one."""
         resident, lru = self.resident, self.lru
         self.epoch += 1
         if hashes and max(map(resident.__getitem__, hashes)) == 1:
-            dict.update(resident, dict.fromkeys(hashes, 0))  # C-level; Counter.update loops
+            dict.update(resident, dict.fromkeys(hashes, 0))  # Counter.update would loop
             lru.update(dict.fromkeys(reversed(hashes)))
-        else:
-            for h in reversed(hashes):
-                count = resident[h] - 1
-                resident[h] = count
-                if not count:
-                    lru[h] = None
+        elif hashes:
+            counts = list(map(sub, map(resident.__getitem__, hashes), repeat(1)))
+            dict.update(resident, zip(hashes, counts, strict=True))
+            lru.update(dict.fromkeys(compress(reversed(hashes), map(not_, reversed(counts)))))
         self.free_blocks += unhashed
 
     def reset(self) -> bool:
