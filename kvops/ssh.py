@@ -215,6 +215,9 @@ def _become_handshake(
 def run_ssh(
     host: InventoryHost, program: str, opts: SshOptions, deadline: float
 ) -> tuple[int | None, bytes, bytes]:
+    """Run `program` on stdin of the host's Python; (exit status, stdout, stderr tail)."""
+    if host.become and host.become_method != "sudo":
+        raise PermissionError(f"become method {host.become_method!r} is not supported (sudo)")
     client, jumps = _connect(host, opts, deadline)
     try:
         transport = client.get_transport()
@@ -223,9 +226,9 @@ def run_ssh(
         marker = f"KVOPS_BECOME_OK_{uuid.uuid4().hex}"
         prompt = f"[kvops sudo {uuid.uuid4().hex}]"
         chan.exec_command(remote_command(host, opts.timeout_s, marker, prompt))
-        if host.become and host.become_method != "sudo":
-            raise PermissionError(f"become method {host.become_method!r} is not supported (sudo)")
-        out = _become_handshake(chan, host, marker, prompt, deadline) if host.become else b""
+        out = bytearray(
+            _become_handshake(chan, host, marker, prompt, deadline) if host.become else b""
+        )
         chan.sendall(program.encode())
         chan.shutdown_write()
         err = b""
@@ -241,7 +244,7 @@ def run_ssh(
             if len(out) > MAX_OUTPUT:
                 raise ValueError(f"probe output exceeds {MAX_OUTPUT} bytes")
             if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                return chan.recv_exit_status(), out, err
+                return chan.recv_exit_status(), bytes(out), err
     finally:
         client.close()
         for jc in reversed(jumps):
