@@ -167,8 +167,10 @@ def probe_host(host: InventoryHost, config: dict[str, Any], opts: SshOptions) ->
         if not isinstance(doc, dict) or "items" not in doc:
             raise ValueError("not an evidence document")
     except ValueError as exc:
+        lines = err.decode("utf-8", "replace").strip().splitlines()
+        why = lines[-1][:300] if lines else str(exc)
         return result(
-            PROBE_FAILED, f"probe on {host.name} exited {code} without evidence ({exc})", err
+            PROBE_FAILED, f"probe on {host.name} exited {code} without evidence: {why}", err
         )
     doc["host"] = host.name
     return HostResult(

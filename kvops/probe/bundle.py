@@ -50,7 +50,14 @@ def module_sources() -> Dict[str, str]:
 
 def build_program(config: Dict[str, Any]) -> str:
     """The whole probe as one program for `python3 -`, with `config` embedded as JSON."""
-    header = "# kvops probe (generated): reads the host, prints one JSON evidence document\n"
+    header = (
+        "# kvops probe (generated): reads the host, prints one JSON evidence document\n"
+        "import sys\n"
+        "if sys.version_info < (3, 8):\n"
+        "    sys.stderr.write('kvops probe needs Python >= 3.8 on the host, found %s "
+        "(set ansible_python_interpreter)\\n' % sys.version.split()[0])\n"
+        "    sys.exit(3)\n"
+    )
     return (
         header
         + "_PACKAGE = %r\n" % PACKAGE

@@ -142,3 +142,13 @@ def test_sudo_refusal_is_reported_with_its_message() -> None:
     chan = ChannelDouble([("err", b"sudo: a password is required\n")], exits=True)
     with pytest.raises(PermissionError, match="a password is required"):
         _become_handshake(chan, host, "MARK", "[P]", time.monotonic() + 5)  # type: ignore[arg-type]
+
+
+OLD_PYTHON = Path.home() / ".pyenv/versions/3.7.16/bin/python3.7"
+
+
+@pytest.mark.skipif(not OLD_PYTHON.exists(), reason="pyenv Python 3.7 not installed")
+def test_too_old_python_is_a_clear_probe_failure(tmp_path: Path) -> None:
+    (res,) = run([local_host("old", tmp_path, ansible_python_interpreter=str(OLD_PYTHON))], 30)
+    assert res.status == PROBE_FAILED
+    assert "needs Python >= 3.8 on the host, found 3.7.16" in str(res.reason)
