@@ -301,6 +301,7 @@ def engines(
         for engine in started.values():
             engine.stop()
         PIDFILE.unlink(missing_ok=True)
+        shutil.rmtree(kv_dir, ignore_errors=True)  # ~2 MB of KV per prompt: hundreds of MB
 
 
 @pytest.fixture(scope="session")
