@@ -169,8 +169,8 @@ def validate(
 
     transport: dict[str, Any] = {}
     if from_dir is not None:
-        if inventories:
-            raise click.UsageError("use either -i/--inventory or --from-evidence, not both")
+        if inventories or limit:
+            raise click.UsageError("--from-evidence judges a saved bundle: drop -i/--limit")
         try:
             documents = load_evidence(from_dir)
         except EvidenceError as exc:

@@ -178,11 +178,18 @@ def test_offline_rejudge_of_saved_bundle_matches(lab: Lab, tmp_path: Path) -> No
     live = run_validate(
         "-i", str(inv), "--limit", "healthy*", "--known-hosts", str(lab.known_hosts),
         "--timeout", "20", "--json", "--save-evidence", str(tmp_path / "ev"),
+        "--storage-bench", "--bench-size", "64M",
     )  # fmt: skip
     assert live.returncode in (0, 1), live.stderr
+    saved = json.loads((tmp_path / "ev" / "healthy.json").read_text())
+    assert saved["settings"]["gdsio_args"]["size"] == "64M"
+    assert "XferType: GPUD" in saved["items"]["gdsio_write"]["stdout"]  # recorded via the double
+    assert saved["items"]["nvfs_stats_after_bench"]["stdout"]
     offline = run_validate("--from-evidence", str(tmp_path / "ev"), "--json")
     assert offline.returncode == live.returncode
     assert json.loads(offline.stdout)["hosts"] == json.loads(live.stdout)["hosts"]
+    both = run_validate("--from-evidence", str(tmp_path / "ev"), "-i", str(inv))
+    assert both.returncode == 2 and "--from-evidence" in both.stderr
 
 
 def test_accept_new_host_keys_records_unknown_key_but_never_a_changed_one(
