@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -53,6 +54,10 @@ class EmbeddedEngines:
     kv_capacity_scale: float
     profile: SimProfile = field(default_factory=SimProfile)
     startup_timeout_s: float = 60.0
+    # a new run starts with empty offload storage (the GDS path is never evicted and is read
+    # back at start-up, so a previous run's chunks would turn "unique" prompts into hits);
+    # --resume keeps it, as a restarted LMCache would
+    fresh_storage: bool = True
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def command(self, port: int, offload: bool) -> list[str]:
@@ -71,6 +76,8 @@ class EmbeddedEngines:
         """The offload arm's LMCache config: GDS backend on a directory in the run folder, no
         CPU hot tier (as LMCache's GDS docs), so reused prefixes really come from storage."""
         gds_dir = self.log_dir / "gds-offload"
+        if self.fresh_storage and gds_dir.exists():
+            shutil.rmtree(gds_dir)
         gds_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / "lmcache-offload.yaml"
         path.write_text(

@@ -82,7 +82,10 @@ def _arms(req: AbTestRequest, run_dir: RunDir) -> Iterator[list[Arm]]:
     if req.arms:
         yield req.arms
         return
-    with EmbeddedEngines(run_dir.path, kv_capacity_scale=req.scale, profile=req.sim) as arms:
+    engines = EmbeddedEngines(
+        run_dir.path, kv_capacity_scale=req.scale, profile=req.sim, fresh_storage=not req.resume
+    )
+    with engines as arms:
         yield arms
 
 
