@@ -33,7 +33,7 @@ EXAMPLES = """
 \b
 Examples:
   kvops validate -i inventories/prod
-  kvops validate -i inventories/prod --limit 'gpu_hosts:!gpu-07' --storage-bench --timeout 600
+  kvops validate -i inventories/prod --limit 'gpu_hosts:!gpu-07' --storage-bench
   kvops validate -i inventories/prod --json --junit validate.xml --save-evidence runs/ev
   kvops validate --from-evidence runs/ev          # judge a saved bundle offline
 \b
@@ -82,9 +82,7 @@ def _fail(message: str) -> NoReturn:
     "--timeout",
     "timeout_s",
     type=click.FloatRange(min=1),
-    default=120.0,
-    show_default=True,
-    help="Seconds per host, connect to last byte (raise it for --storage-bench).",
+    help="Seconds per host, connect to last byte [default: 120, 600 with --storage-bench].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON on stdout.")
 @click.option(
@@ -139,7 +137,7 @@ def validate(
     bench_size: str | None,
     bench_io_size: str | None,
     forks: int,
-    timeout_s: float,
+    timeout_s: float | None,
     as_json: bool,
     junit_file: Path | None,
     save_dir: Path | None,
@@ -168,6 +166,8 @@ def validate(
         thresholds = replace(thresholds, bench_min_link_share=bench_min_link_share)
 
     transport: dict[str, Any] = {}
+    if timeout_s is None:
+        timeout_s = 600.0 if storage_bench else 120.0
     if from_dir is not None:
         if inventories or limit:
             raise click.UsageError("--from-evidence judges a saved bundle: drop -i/--limit")
