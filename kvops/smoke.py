@@ -256,10 +256,19 @@ def judge_external_hits(ev: SmokeEvidence) -> SmokeItem:
 def judge_ttft(ev: SmokeEvidence, min_drop: float) -> SmokeItem:
     cold, warm = ev.first.ttft_ms, ev.resend.ttft_ms
     drop = 1.0 - warm / cold if cold > 0 else 0.0
-    text = f"TTFT {cold:.1f} ms cold → {warm:.1f} ms re-sent ({drop:+.0%} lower"
-    if drop >= min_drop:
-        return SmokeItem("ttft", "PASS", f"{text}, needed {min_drop:.0%})")
-    return SmokeItem("ttft", "FAIL", f"{text}; needed at least {min_drop:.0%} lower)")
+    change = f"{drop:.0%} lower" if drop >= 0 else f"{-drop:.0%} higher"
+    text = (
+        f"TTFT {cold:.1f} ms cold → {warm:.1f} ms re-sent ({change}; needed ≥ {min_drop:.0%} lower)"
+    )
+    return SmokeItem("ttft", "PASS" if drop >= min_drop else "FAIL", text)
+
+
+def _size(size_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size_bytes < 1024 or unit == "GiB":
+            return f"{size_bytes:.0f} {unit}" if unit == "B" else f"{size_bytes:.1f} {unit}"
+        size_bytes /= 1024
+    return f"{size_bytes:.1f} GiB"
 
 
 def judge_chunk_files(ev: SmokeEvidence) -> SmokeItem:
@@ -275,7 +284,7 @@ def judge_chunk_files(ev: SmokeEvidence) -> SmokeItem:
         )
     lmcache = [f for f in new if f.layout == "lmcache"]
     bad = [f for f in lmcache if f.header_ok is False]
-    size_mib = sum(f.size_bytes for f in new) / 2**20
+    size = _size(sum(f.size_bytes for f in new))
     if bad:
         return SmokeItem(
             "chunk_files",
@@ -291,7 +300,7 @@ def judge_chunk_files(ev: SmokeEvidence) -> SmokeItem:
     return SmokeItem(
         "chunk_files",
         "PASS",
-        f"{len(new)} new {kind} under {ev.gds_dir}, {size_mib:.1f} MiB "
+        f"{len(new)} new {kind} under {ev.gds_dir}, {size} "
         f"({ev.files_before_count} → {ev.files_after_count} files)",
     )
 

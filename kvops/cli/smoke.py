@@ -102,7 +102,13 @@ def smoke(
     except SmokeError as exc:
         if as_json:
             click.echo(json.dumps({"status": "ERROR", "exit_code": 2, "error": str(exc)}))
-        err.print(f"kvops smoke: could not run: {exc}", style="red", markup=False, highlight=False)
+        err.print(
+            f"kvops smoke: could not run: {exc}",
+            style="red",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("kvops smoke: interrupted", style="red")

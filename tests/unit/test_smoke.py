@@ -157,6 +157,20 @@ def test_ttft_needs_a_clear_drop(resend_ms: float, status: str) -> None:
     assert by_name(judge(ev))["ttft"].status == status
 
 
+def test_ttft_message_reads_plainly() -> None:
+    item = by_name(judge(connector_evidence()))["ttft"]
+    assert item.message == "TTFT 260.0 ms cold → 60.0 ms re-sent (77% lower; needed ≥ 20% lower)"
+    slower = by_name(judge(connector_evidence(resend=RequestResult(286.0, PROMPT, 0))))["ttft"]
+    assert "(10% higher;" in slower.message
+
+
+def test_chunk_sizes_are_human_readable() -> None:
+    item = by_name(judge(connector_evidence()))["chunk_files"]
+    assert "1.0 MiB" in item.message
+    small = (ChunkFile("/data/kv/a.safetensors", 3000, "connector"),)
+    assert "2.9 KiB" in by_name(judge(connector_evidence(new_files=small)))["chunk_files"].message
+
+
 def test_ttft_margin_is_configurable() -> None:
     ev = connector_evidence(resend=RequestResult(200.0, PROMPT, 0))
     assert by_name(judge(ev, min_ttft_drop=0.5))["ttft"].status == "FAIL"
