@@ -138,6 +138,7 @@ class ChunkMaker:
         self.model = model
         self.chat = chat
         self.created = int(time.time())
+        self._template: list[bytes] | None = None
 
     def _envelope(self, choices: list[dict[str, Any]], usage_: dict[str, Any] | None) -> bytes:
         doc: dict[str, Any] = {
@@ -158,6 +159,18 @@ class ChunkMaker:
         )
 
     def token_chunk(self, text: str, finish_reason: str | None) -> bytes:
+        """One token's chunk. The common case (no finish reason) is a template with the text
+        spliced in: serialising a whole dict per token costs the real-time server CPU it needs
+        to keep up with the model's clock."""
+        if finish_reason is None:
+            if self._template is None:
+                marker = "\x00"
+                self._template = self._token_doc(marker, None).split(json.dumps(marker).encode())
+            head, tail = self._template
+            return head + json.dumps(text).encode() + tail
+        return self._token_doc(text, finish_reason)
+
+    def _token_doc(self, text: str, finish_reason: str | None) -> bytes:
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None}
         else:
