@@ -48,7 +48,8 @@ def converge_hosts(lab: LabHosts) -> list[str]:
 
 def run_site(lab: LabHosts, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """ansible-playbook site.yml -i <lab> -i site_lab_vars.yml --limit <the two hosts>."""
-    kwargs.setdefault("limit", ",".join(converge_hosts(lab)))
+    if not kwargs.get("limit"):
+        kwargs["limit"] = ",".join(converge_hosts(lab))
     return lab.ansible_playbook(SITE, "-i", str(SITE_VARS), *args, **kwargs)
 
 

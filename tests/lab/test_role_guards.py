@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from lab_harness import LabHosts
-from site_lab import explain, failure_messages, run_role
+from site_lab import explain, failure_messages, recap, run_role, run_site
 
 HOST = "kvguard-1"
 
@@ -34,6 +34,15 @@ def _apt(lab: LabHosts, *argv: str) -> None:
 def _installed(lab: LabHosts, package: str) -> bool:
     proc = lab.ssh(HOST, ["dpkg-query", "-W", "-f=${Status}", package], check=False)
     return proc.returncode == 0 and proc.stdout.endswith(" installed")
+
+
+def test_check_mode_on_a_fresh_host_previews_without_changing_it(guard: LabHosts) -> None:
+    proc = run_site(guard, check=True, diff=True, limit=HOST)
+    assert proc.returncode == 0, explain(proc)
+    assert recap(proc)[HOST]["changed"] > 0  # it would change things ...
+    assert not _installed(guard, "nvidia-driver-580-open")  # ... but changed nothing
+    assert "192.0.2.50:/kvcache" not in guard.read_file(HOST, "/etc/fstab")
+    assert guard.doubles_log(HOST, "modprobe") == []
 
 
 def test_nvidia_fs_refuses_to_install_before_the_rdma_stack(
