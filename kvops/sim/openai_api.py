@@ -83,18 +83,14 @@ def parse_request(
             prompt = prompt[0]
         if isinstance(prompt, str):
             ids = tokenizer.encode(prompt)
-        elif (
-            isinstance(prompt, list)
-            and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        ):
-            ids = prompt
+        elif isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
+            ids = prompt  # checked with C-level passes: 30K-token prompts arrive often
         else:
             raise ApiError("prompt must be a string or a non-empty list of token ids (one prompt)")
     if not ids:
         raise ApiError("The prompt is empty.")
-    bad = next((t for t in ids if t < 0 or t >= tokenizer.vocab_size), None)
-    if bad is not None:
+    if min(ids) < 0 or max(ids) >= tokenizer.vocab_size:
+        bad = next(t for t in ids if t < 0 or t >= tokenizer.vocab_size)
         raise ApiError(f"Token id {bad} is out of vocabulary")
     max_tokens = _int_field(body, "max_completion_tokens", "max_tokens") if chat else None
     if not chat:
