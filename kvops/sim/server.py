@@ -179,7 +179,10 @@ class SimServer:
     # ----- generation ----------------------------------------------------------------------
     async def _generate(
         self, parsed: ParsedRequest, rid: str
-    ) -> AsyncGenerator[int | RequestRecord, None]:
+    ) -> AsyncGenerator[list[int | RequestRecord], None]:
+        """Everything available for the request at each wake-up: token ids, then its record.
+        Handing over all queued tokens at once lets a lagging server write a burst in one
+        send instead of one per token."""
         if self.dead_reason:
             raise EngineDeadError(self.dead_reason)
         stream = _Stream(parsed.prompt_ids, self.config.seed)
@@ -191,12 +194,17 @@ class SimServer:
         finished = False
         try:
             while True:
-                item = await stream.queue.get()
-                if isinstance(item, EngineDeadError):
-                    raise item
-                yield item
-                if isinstance(item, RequestRecord):
-                    finished = True
+                items = [await stream.queue.get()]
+                while not stream.queue.empty():
+                    items.append(stream.queue.get_nowait())
+                batch: list[int | RequestRecord] = []
+                for item in items:
+                    if isinstance(item, EngineDeadError):
+                        raise item
+                    batch.append(item)
+                finished = isinstance(batch[-1], RequestRecord)
+                yield batch
+                if finished:
                     return
         finally:
             self._streams.pop(rid, None)
@@ -227,40 +235,49 @@ class SimServer:
         request: web.Request,
         parsed: ParsedRequest,
         maker: ChunkMaker,
-        gen: AsyncIterator[int | RequestRecord],
+        gen: AsyncIterator[list[int | RequestRecord]],
     ) -> web.StreamResponse:
         try:
-            item = await gen.__anext__()
+            batch = await gen.__anext__()
         except ValueError as exc:
             return _error(ApiError(str(exc)))
         except EngineDeadError as exc:
             return _error(ApiError(f"engine dead: {exc}", 500, "InternalServerError"))
         if not parsed.stream:
             words: list[str] = []
-            while isinstance(item, int):
-                words.append(self.tokenizer.decode_piece(item))
-                item = await gen.__anext__()
-            use = usage(item.prompt_tokens, len(words), item.cached_tokens)
-            return web.json_response(maker.full_body("".join(words), use))
+            while True:
+                for item in batch:
+                    if isinstance(item, int):
+                        words.append(self.tokenizer.decode_piece(item))
+                    else:
+                        use = usage(item.prompt_tokens, len(words), item.cached_tokens)
+                        return web.json_response(maker.full_body("".join(words), use))
+                batch = await gen.__anext__()
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
         count = 0
-        while isinstance(item, int):
-            count += 1
-            if count == 1 and parsed.chat:
-                await response.write(maker.role_chunk())
-            finish = "length" if count == parsed.max_tokens else None
-            await response.write(maker.token_chunk(self.tokenizer.decode_piece(item), finish))
-            item = await gen.__anext__()
-        if parsed.include_usage:
-            await response.write(
-                maker.usage_chunk(usage(item.prompt_tokens, count, item.cached_tokens))
-            )
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+        while True:
+            out: list[bytes] = []
+            for item in batch:
+                if isinstance(item, int):
+                    count += 1
+                    if count == 1 and parsed.chat:
+                        out.append(maker.role_chunk())
+                    finish = "length" if count == parsed.max_tokens else None
+                    out.append(maker.token_chunk(self.tokenizer.decode_piece(item), finish))
+                    continue
+                if parsed.include_usage:
+                    out.append(
+                        maker.usage_chunk(usage(item.prompt_tokens, count, item.cached_tokens))
+                    )
+                out.append(b"data: [DONE]\n\n")
+                await response.write(b"".join(out))
+                await response.write_eof()
+                return response
+            await response.write(b"".join(out))
+            batch = await gen.__anext__()
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._completion(request, chat=False)
