@@ -161,9 +161,9 @@ def serve(**opts: Any) -> None:
         run_server(config, opts["host"], opts["port"])
     except EngineError as exc:
         raise click.ClickException(str(exc)) from exc
-    except OSError as exc:
+    except OSError as exc:  # port in use, or an unwritable gds_path
         where = f"{opts['host']}:{opts['port']}"
-        raise click.ClickException(f"cannot listen on {where}: {exc}") from exc
+        raise click.ClickException(f"cannot serve on {where}: {exc}") from exc
 
 
 @sim.command()
