@@ -102,6 +102,13 @@ class SimServer:
             found = self.writer.scan()
             offload.preload(found)
             print(f"Read {len(found)} cache entries from persistent storage", file=sys.stderr)
+        kv_tokens = self.engine.cache.num_blocks * s.block_size
+        print(  # the lines vLLM logs at startup, which operators grep for
+            f"GPU KV cache size: {kv_tokens:,} tokens\n"
+            f"Maximum concurrency for {self.engine.max_model_len:,} tokens per request: "
+            f"{kv_tokens / self.engine.max_model_len:.2f}x",
+            file=sys.stderr,
+        )
         self._streams: dict[str, _Stream] = {}
         self.dead_reason = ""
         # The last finished requests' modelled records (virtual seconds), for tests/debugging.
