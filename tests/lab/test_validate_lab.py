@@ -58,7 +58,17 @@ def test_validate_converged_hosts_and_a_compat_only_host(lab: LabHosts, tmp_path
     for name in (healthy, compat):
         assert report["transport"][name]["status"] == "ok", report["transport"]
     good = severities(report, healthy)
-    for check_id in ("GDS-010", "GDS-020", "GDS-021", "GDS-023", "GDS-030", "GDS-040"):
+    checks = (
+        "GDS-010",
+        "GDS-020",
+        "GDS-021",
+        "GDS-023",
+        "GDS-026",
+        "GDS-030",
+        "GDS-033",
+        "GDS-040",
+    )
+    for check_id in checks:
         assert good[check_id] == {"PASS"}, (check_id, report["hosts"][healthy])
     assert "FAIL" in severities(report, compat)["GDS-040"]
     assert proc.returncode == 1  # checks FAILed (no vLLM yet); every host was probed
