@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -134,9 +135,9 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
 @click.option(
     "--workers",
     type=click.IntRange(1, 64),
-    default=1,
-    show_default=True,
-    help="Load-generator processes (more when one core cannot keep up; see client lag).",
+    default=None,
+    help="Load-generator processes (default: 1, or up to 4 by CPU count when a release group "
+    "holds 256 or more requests; more help when the client reports itself the bottleneck).",
 )
 @click.option(
     "--slo",
@@ -232,6 +233,18 @@ def auto_time_scale(scale: float) -> float:
     return max(0.1, min(1.0, 0.025 / scale))
 
 
+def auto_workers(scenarios: list[WorkloadSpec]) -> int:
+    """One event loop keeps up with a few hundred streams; beyond that, spread the load."""
+
+    def width(s: WorkloadSpec) -> int:
+        if s.rate is None:
+            return s.batch_size
+        return s.max_concurrency or s.per_iteration
+
+    widest = max(width(s) for s in scenarios)
+    return 1 if widest < 256 else max(1, min(4, os.cpu_count() or 1))
+
+
 @dataclass
 class CliArgs:
     """The command's options, typed (click hands them over as keyword arguments)."""
@@ -249,7 +262,7 @@ class CliArgs:
     api: str
     timeout_s: float
     stall_timeout_s: float
-    workers: int
+    workers: int | None
     slo: str | None
     seed: int
     out: Path | None
@@ -282,7 +295,7 @@ def _request(a: CliArgs) -> AbTestRequest:
         vocab_size=a.vocab_size,
         text_prompts=a.text_prompts,
         api=a.api,
-        workers=a.workers,
+        workers=a.workers or auto_workers(scenarios),
     )
     for s in scenarios:
         if s.iterations <= options.warmup_iterations:

@@ -1,0 +1,56 @@
+"""The client judges its own health against what it measures; plots degrade without matplotlib."""
+
+from __future__ import annotations
+
+import builtins
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvops.cli.ab_test import auto_workers
+from kvops.loadgen.runner import ClientStats, judge_client
+from kvops.report.abtest_plots import write_plots
+from kvops.workload import spec_from_dict
+
+
+def test_quiet_client_is_not_a_bottleneck() -> None:
+    s = ClientStats(dispatch_lags_ms=[0.2, 0.3], loop_lags_ms=[0.1, 0.2, 0.3], max_in_flight=64)
+    out = s.summary()
+    assert out["bottleneck"] is False and out["bottleneck_reason"] is None
+    assert out["max_in_flight"] == 64
+
+
+def test_loop_lag_is_judged_against_ttft() -> None:
+    s = ClientStats(loop_lags_ms=[3.0] * 100).summary()
+    assert judge_client(s, mean_ttft_ms=50.0)["bottleneck"] is True  # 6% of TTFT
+    assert judge_client(s, mean_ttft_ms=5000.0)["bottleneck"] is False  # 0.06% of TTFT
+    spiky = ClientStats(loop_lags_ms=[0.1] * 98 + [50.0, 60.0]).summary()
+    assert "p99" in str(judge_client(spiky, 5000.0)["bottleneck_reason"])
+
+
+def test_dispatch_lag_is_judged_against_e2el() -> None:
+    s = ClientStats(dispatch_lags_ms=[30.0] * 10).summary()
+    assert judge_client(s, None, mean_e2el_ms=100.0)["bottleneck"] is True
+    assert judge_client(s, None, mean_e2el_ms=60_000.0)["bottleneck"] is False
+
+
+def test_auto_workers() -> None:
+    assert auto_workers([spec_from_dict({"batch_size": 40})]) == 1
+    assert auto_workers([spec_from_dict({"batch_size": 512})]) >= 1
+    assert auto_workers([spec_from_dict({"rate": 5.0, "max_concurrency": 8})]) == 1
+
+
+def test_plots_degrade_with_a_note_without_matplotlib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    paths, note = write_plots(tmp_path, {"scenarios": {}}, {})
+    assert paths == [] and note is not None and "matplotlib" in note
