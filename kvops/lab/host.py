@@ -52,15 +52,20 @@ if [ "$REPO" != "-" ]; then
 fi
 tar -C "$INJECT" -cf - . | tar -C "$M" -xpf - --no-overwrite-dir
 hostname "$NAME"
+DROP=-sys_module,-sys_boot,-sys_time,-sys_rawio
 if [ -x "$M/usr/lib/kvops-test-doubles/boot" ]; then
-  chroot "$M" /usr/lib/kvops-test-doubles/boot
+  setpriv --bounding-set "$DROP" chroot "$M" /usr/lib/kvops-test-doubles/boot
 fi
 if [ "$REPO" != "-" ]; then
   chroot "$M" apt-get update -qq || echo "kvops lab: apt-get update failed" >&2
 fi
 echo "kvops lab: $NAME ready to start sshd"
-exec setpriv --bounding-set -sys_module,-sys_boot,-sys_time,-sys_rawio \
-  chroot "$M" /usr/sbin/sshd -D -e
+if grep -qx 'SYSTEMD=double' "$M/etc/kvops-test-doubles/variant.env" 2>/dev/null; then
+  # With the service manager double, PID 1 is a reaping shell (Ansible then decides the service
+  # manager from /run/systemd/system, as on a systemd host); sshd is its child.
+  exec setpriv --bounding-set "$DROP" chroot "$M" /bin/bash -c '/usr/sbin/sshd -D -e & wait $!'
+fi
+exec setpriv --bounding-set "$DROP" chroot "$M" /usr/sbin/sshd -D -e
 """
 
 

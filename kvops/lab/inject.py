@@ -23,6 +23,7 @@ VARIANT_FILE = "etc/kvops-test-doubles/variant.env"
 VARIANTS = {
     "GDSCHECK": ("healthy", "compat", "unsupported"),
     "RDMA": ("active", "down", "none"),
+    "SYSTEMD": ("none", "double"),
 }
 
 

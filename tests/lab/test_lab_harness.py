@@ -230,6 +230,64 @@ def test_restart_replays_modules_load_and_keeps_host_key(scratch: LabHosts) -> N
     assert "192.0.2.10:/kvcache /mnt/kv nfs4 rw,relatime,vers=4.1,proto=rdma" in proc_mounts
 
 
+SERVICE_PLAYBOOK = """\
+- name: Service manager double
+  hosts: gpu_hosts
+  become: true
+  gather_facts: true
+  tasks:
+    - name: Ansible sees systemd
+      ansible.builtin.assert:
+        that: ansible_facts.service_mgr == "systemd"
+    - name: A unit written by a role
+      ansible.builtin.copy:
+        dest: /etc/systemd/system/kvdemo.service
+        mode: "0644"
+        content: |
+          [Unit]
+          Description=kvops lab demo
+          [Service]
+          Environment=KVDEMO=yes
+          User=kvops
+          ExecStart=/usr/bin/python3 -m http.server 8090 --bind 127.0.0.1
+          [Install]
+          WantedBy=multi-user.target
+    - name: Started and enabled
+      ansible.builtin.systemd_service:
+        name: kvdemo
+        state: started
+        enabled: true
+        daemon_reload: true
+    - name: Facts
+      ansible.builtin.service_facts:
+    - name: Running per service_facts
+      ansible.builtin.assert:
+        that: ansible_facts.services['kvdemo.service'].state == 'running'
+"""
+
+
+def test_service_manager_double_runs_units_for_ansible(
+    lab_factory: Callable[..., LabHosts], tmp_path: Path
+) -> None:
+    svc = lab_factory(hosts=1, name_prefix="kvsvc", variants={"kvsvc-1": {"SYSTEMD": "double"}})
+    h = svc.hosts[0].name
+    playbook = tmp_path / "service.yml"
+    playbook.write_text(SERVICE_PLAYBOOK)
+    proc = svc.ansible_playbook(playbook)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    again = svc.ansible_playbook(playbook)
+    assert "changed=0" in again.stdout, again.stdout
+    pid = svc.read_file(h, "/run/kvops-test-doubles/systemd/kvdemo.service.pid").strip()
+    environ = svc.read_file(h, f"/proc/{pid}/environ").split("\0")
+    assert "KVDEMO=yes" in environ
+    svc.restart(h)  # enabled units start at boot
+    assert svc.ssh(h, ["systemctl", "is-active", "kvdemo"]).stdout.strip() == "active"
+    svc.set_variant(h)  # back to no service manager: the real systemctl returns
+    svc.restart(h)
+    assert svc.ssh(h, ["cat", "/proc/1/comm"]).stdout.strip() == "sshd"
+    assert svc.ssh(h, ["test", "-e", "/usr/bin/systemctl.real"], check=False).returncode == 1
+
+
 def test_teardown_leaves_no_namespace_mount_process_or_file() -> None:
     session = LabSession()
     lab = session.start(hosts=2, name_prefix="kvteardown")
