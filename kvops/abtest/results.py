@@ -63,9 +63,15 @@ def _select(
     latest: dict[tuple[str, int, str], str] = {}
     for r in records:
         key = (r.scenario, r.trial, r.arm)
-        latest[key] = max(latest.get(key, ""), r.attempt)
+        latest[key] = max(latest.get(key, r.attempt), r.attempt, key=attempt_number)
     chosen = {**latest, **done}
     return [r for r in records if chosen.get((r.scenario, r.trial, r.arm)) == r.attempt]
+
+
+def attempt_number(attempt: str) -> int:
+    """ "a12-" -> 12 (attempts are numbered in run order; string order would put a10 before a9)."""
+    digits = "".join(ch for ch in attempt if ch.isdigit())
+    return int(digits) if digits else -1
 
 
 def _groups(records: list[RequestRecord], key: Any) -> Clusters:
@@ -144,7 +150,7 @@ def build_results(
     records = _select(read_records(run_dir.records_path), done)
     arm_names = [a["name"] for a in run["arms"]]
     history = run_dir.read_json("arms.json") or {}
-    latest_infos = history[max(history)] if history else []
+    latest_infos = history[max(history, key=attempt_number)] if history else []
     result = ResultSet(doc={})
     scenarios: dict[str, Any] = {}
     for spec in specs:

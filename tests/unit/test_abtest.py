@@ -217,3 +217,9 @@ def test_unfinished_attempt_is_superseded_by_the_finished_one(tmp_path: Path) ->
         )
     doc = build_results(rd).doc
     assert doc["scenarios"]["custom"]["arms"]["offload"]["metrics"]["completed"] == 24
+
+
+def test_attempts_order_numerically() -> None:
+    from kvops.abtest.results import attempt_number
+
+    assert sorted(["a10-", "a9-", "a0-"], key=attempt_number) == ["a0-", "a9-", "a10-"]
