@@ -50,7 +50,7 @@ def gpu_hit_rate(records: list[RequestRecord]) -> float:
     return sum(r.gpu_hit_tokens for r in records) / sum(r.prompt_tokens for r in records)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     w=workloads, blocks=st.integers(40, 200), offload=st.booleans(), gap=st.sampled_from([0, 0.01])
 )
@@ -70,7 +70,7 @@ def test_every_request_completes_with_its_token_counts(
         assert rec.finish_s is not None and rec.finish_s >= rec.arrival_s
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(w=workloads, small=st.integers(40, 150), extra=st.integers(0, 300))
 def test_more_gpu_memory_never_lowers_the_gpu_hit_rate(
     w: dict[str, int], small: int, extra: int
@@ -83,7 +83,7 @@ def test_more_gpu_memory_never_lowers_the_gpu_hit_rate(
     assert rates[1] >= rates[0]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(w=workloads, factor=st.floats(1.0, 8.0), blocking=st.booleans(), blocks=st.integers(40, 150))
 def test_faster_storage_never_slows_the_offload_arm(
     w: dict[str, int], factor: float, blocking: bool, blocks: int
