@@ -198,6 +198,7 @@ class Lab:
                     aptrepo.build_repo(spec, sources, partial)
                     partial.rename(repo)
                     self._log(f"test apt repo built in {time.monotonic() - t0:.1f} s: {repo}")
+                    prune_repos(self.cfg.cache_dir, self.cfg.lab_dir, keep=repo)
         return spec, repo
 
     @staticmethod
@@ -316,6 +317,18 @@ class Lab:
             "started_at": state.started_at,
             "hosts": hosts,
         }
+
+
+def prune_repos(cache_dir: Path, lab_dir: Path, keep: Path) -> None:
+    """Remove test repos of older package lists that no lab state (live or not) refers to."""
+    used = {str(keep)}
+    for state_file in lab_dir.glob(f"slot*/{STATE_FILE}"):
+        state = LabState.load(state_file)
+        if state is not None and state.repo_dir:
+            used.add(state.repo_dir)
+    for repo in cache_dir.glob("repo-*"):
+        if repo.is_dir() and str(repo) not in used and not repo.name.endswith(".partial"):
+            shutil.rmtree(repo, ignore_errors=True)
 
 
 def ssh_answers(ip: str, timeout_s: float = 1.0) -> bool:
