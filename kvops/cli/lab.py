@@ -59,10 +59,10 @@ def lab() -> None:
 
 _slot_option = click.option(
     "--slot",
-    type=click.IntRange(0, 9),
+    type=click.IntRange(0, MAX_SLOT),
     default=0,
     show_default=True,
-    help="Lab instance: 0 for `make lab`; the pytest fixture takes a free one of 1..9.",
+    help="Lab instance: 0 for `make lab`; the pytest fixtures take free ones of 1..31.",
 )
 
 
@@ -101,7 +101,7 @@ def up(hosts: int, name_prefix: str, packages: Path | None, slot: int) -> None:
     "--all",
     "all_slots",
     is_flag=True,
-    help="Every slot 0..9 not locked by a running session (cleans labs of killed sessions).",
+    help="Every slot 0..31 not locked by a running session (cleans labs of killed sessions).",
 )
 def down(slot: int, all_slots: bool) -> None:
     """Stop every host of the slot; remove namespaces, links, the bridge and host files."""

@@ -1,7 +1,7 @@
 """Where the lab keeps things and how its hosts are named and addressed.
 
 A lab instance lives in a *slot*: slot 0 is the one ``kvops lab up`` manages (inventory in
-``inventories/lab/``); the pytest fixture takes a free slot 1..9 so that two test sessions (or a
+``inventories/lab/``); the pytest fixture takes a free slot 1..31 so that two test sessions (or a
 test session next to ``make lab``) on the same machine never share a bridge, an address or a
 network namespace. Slot N owns bridge ``kvopsbrN``, subnet ``10.200.N.0/24`` (bridge address
 ``.1``, hosts from ``.11``) and network namespaces named ``kvopsN-<host>``.
@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MAX_SLOT = 9
+MAX_SLOT = 31
 MAX_HOSTS = 50
 LAB_USER = "kvops"
 

@@ -87,7 +87,7 @@ def has_live_hosts(state_path: Path) -> bool:
 
 
 def claim_free_slot(lab_dir: Path) -> tuple[int, IO[str]]:
-    """Lock the first free test slot (1..9) for this process; the lock dies with the process."""
+    """Lock the first free test slot (1..MAX_SLOT) for this process; it dies with the process."""
     lab_dir.mkdir(parents=True, exist_ok=True)
     for slot in range(1, MAX_SLOT + 1):
         handle = (lab_dir / f"slot{slot}.lock").open("w")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import paramiko
@@ -21,9 +21,14 @@ from kvops.lab.lab import mounts_under
 
 
 @pytest.fixture(scope="module")
-def scratch(lab_factory: Callable[..., LabHosts]) -> LabHosts:
-    """A private one-host lab these tests may dirty."""
-    return lab_factory(hosts=1, name_prefix="kvscratch")
+def scratch(lab_factory: Callable[..., LabHosts]) -> Iterator[LabHosts]:
+    """A private one-host lab these tests may dirty (its slot is freed after this module;
+    ``lab_factory`` is requested for its skip/fail rule)."""
+    session = LabSession()
+    try:
+        yield session.start(hosts=1, name_prefix="kvscratch")
+    finally:
+        session.close()
 
 
 def _paramiko(lab: LabHosts, name: str, known_hosts: Path) -> paramiko.SSHClient:
@@ -269,7 +274,17 @@ SERVICE_PLAYBOOK = """\
 def test_service_manager_double_runs_units_for_ansible(
     lab_factory: Callable[..., LabHosts], tmp_path: Path
 ) -> None:
-    svc = lab_factory(hosts=1, name_prefix="kvsvc", variants={"kvsvc-1": {"SYSTEMD": "double"}})
+    session = LabSession()
+    try:
+        svc = session.start(
+            hosts=1, name_prefix="kvsvc", variants={"kvsvc-1": {"SYSTEMD": "double"}}
+        )
+        _check_service_manager_double(svc, tmp_path)
+    finally:
+        session.close()
+
+
+def _check_service_manager_double(svc: LabHosts, tmp_path: Path) -> None:
     h = svc.hosts[0].name
     playbook = tmp_path / "service.yml"
     playbook.write_text(SERVICE_PLAYBOOK)

@@ -36,11 +36,11 @@ def test_slots_never_share_bridge_subnet_or_namespaces() -> None:
         "kvops0-kvlab-1",
     )
     assert b.host_ip(2) == "10.200.3.12" and b.netns(2) == "kvops3-kvlab-2"
-    assert all(len(LabConfig(slot=9).veth(i)) <= 15 for i in range(1, 51))
+    assert all(len(LabConfig(slot=31).veth(i)) <= 15 for i in range(1, 51))
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"slot": 10}, {"hosts": 0}, {"name_prefix": "bad prefix"}, {"name_prefix": "1x"}]
+    "kwargs", [{"slot": 32}, {"hosts": 0}, {"name_prefix": "bad prefix"}, {"name_prefix": "1x"}]
 )
 def test_config_rejects_bad_values(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
