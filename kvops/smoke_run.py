@@ -52,6 +52,7 @@ class SmokeOptions:
     url: str
     model: str | None = None
     prompt_tokens: int = 2048
+    prompts: int = 3
     output_tokens: int = 4
     gds_dir: Path | None = None
     timeout_s: float = 120.0
@@ -210,19 +211,27 @@ class SmokeRunner:
         prompt_tokens = opts.prompt_tokens
         if max_len is not None:
             prompt_tokens = min(prompt_tokens, max_len - opts.output_tokens - 1)
-        self.progress(f"{server.url}: model {model}, prompt of {prompt_tokens:,} tokens")
+        self.progress(
+            f"{server.url}: model {model}, {opts.prompts} prompts of {prompt_tokens:,} tokens"
+        )
 
         await self._send(session, endpoint, self._prompt(pool, 16), "warm-up")
         before = snapshot(await server.metrics())
         files_before = list_chunk_files(opts.gds_dir) if opts.gds_dir else set()
 
-        prompt = self._prompt(pool, prompt_tokens)
-        first = await self._send(session, endpoint, prompt, "first send (cold)")
+        prompts = [self._prompt(pool, prompt_tokens) for _ in range(opts.prompts)]
+        first = [
+            await self._send(session, endpoint, p, f"prompt {i + 1} cold")
+            for i, p in enumerate(prompts)
+        ]
         after_first = await _settled(server)
 
         eviction = await self._evict(session, server, endpoint, pool, max_len)
         before_resend = await _settled(server)
-        resend = await self._send(session, endpoint, prompt, "re-send")
+        resend = [
+            await self._send(session, endpoint, p, f"prompt {i + 1} re-sent")
+            for i, p in enumerate(prompts)
+        ]
         after_resend = await _settled(server)
 
         new: list[ChunkFile] = []
@@ -241,8 +250,8 @@ class SmokeRunner:
             after_first=after_first,
             before_resend=before_resend,
             after_resend=after_resend,
-            first=first,
-            resend=resend,
+            first_sends=tuple(first),
+            resends=tuple(resend),
             eviction=eviction,
             gds_dir=str(opts.gds_dir) if opts.gds_dir else None,
             files_before_count=len(files_before),

@@ -37,6 +37,13 @@ STYLE = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}
     help="Length of the test prompt: several LMCache chunks (256 tokens by default).",
 )
 @click.option(
+    "--prompts",
+    type=click.IntRange(min=1, max=20),
+    default=3,
+    show_default=True,
+    help="How many test prompts; TTFT is judged on their medians.",
+)
+@click.option(
     "--timeout",
     "timeout_s",
     type=click.FloatRange(min=1),
@@ -67,18 +74,19 @@ def smoke(
     gds_dir: Path | None,
     model: str | None,
     prompt_tokens: int,
+    prompts: int,
     timeout_s: float,
     evict: str,
     min_ttft_drop: float,
     seed: int | None,
     as_json: bool,
 ) -> None:
-    """Send a long prompt, force it out of GPU memory, re-send it, and judge the evidence.
+    """Send long prompts, force them out of GPU memory, re-send them, and judge the evidence.
 
     \b
     PASS needs: a KV connector or LMCache on the engine; LMCache stored/retrieved-token
     counters rising (SKIP on non-LMCache engines); vLLM's external prefix-cache hits rising on
-    the re-send; a clearly lower re-send TTFT; with --gds-dir, new chunk files there.
+    the re-sends; a clearly lower median re-send TTFT; with --gds-dir, new chunk files there.
 
     \b
     Examples:
@@ -91,6 +99,7 @@ def smoke(
         url=url,
         model=model,
         prompt_tokens=prompt_tokens,
+        prompts=prompts,
         gds_dir=gds_dir,
         timeout_s=timeout_s,
         seed=seed,
