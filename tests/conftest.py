@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 TIERS = ("unit", "integration", "lab", "engine")
+TESTS_ROOT = Path(__file__).parent
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tests_root = Path(__file__).parent
-    for item in items:
-        try:
-            tier = Path(item.fspath).relative_to(tests_root).parts[0]
-        except ValueError:
-            continue
-        if tier in TIERS and not any(item.iter_markers(name=t) for t in TIERS):
-            item.add_marker(getattr(pytest.mark, tier))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark each test with its folder's tier as it is collected, so `-m unit` selects it."""
+    try:
+        tier = Path(item.fspath).relative_to(TESTS_ROOT).parts[0]
+    except ValueError:
+        return
+    if tier in TIERS and not any(item.get_closest_marker(t) for t in TIERS):
+        item.add_marker(getattr(pytest.mark, tier))
