@@ -121,8 +121,10 @@ def run_role(
 def failure_messages(proc: subprocess.CompletedProcess[str]) -> str:
     """The ``msg`` of every ``fatal:`` result of a play (what the operator reads), one a line."""
     msgs = []
-    for line in proc.stdout.splitlines():
-        if line.startswith("fatal:") and "=> " in line:
+    for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+        if line.startswith("[ERROR]: "):
+            msgs.append(line)  # one line; a multi-line ``fatal:`` result is not parsed below
+        elif line.startswith("fatal:") and "=> " in line:
             try:
                 msgs.append(str(json.loads(line.split("=> ", 1)[1]).get("msg", line)))
             except ValueError:

@@ -14,6 +14,7 @@ from lab_harness import LabHosts
 from site_lab import explain, failure_messages, recap, run_role, run_site
 
 HOST = "kvguard-1"
+NO_RDMA = "kvnordma-1"
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +103,24 @@ def test_nvidia_driver_refuses_a_proprietary_driver(guard: LabHosts, tmp_path: P
         assert not _installed(guard, "nvidia-driver-580-open")
     finally:
         _apt(guard, "purge", "nvidia-driver-580")
+
+
+@pytest.fixture(scope="module")
+def no_rdma(lab_factory: Callable[..., LabHosts]) -> LabHosts:
+    """A host without any RDMA device (RDMA=none: the lab's RDMA model is off)."""
+    return lab_factory(hosts=1, name_prefix="kvnordma", variants={NO_RDMA: {"RDMA": "none"}})
+
+
+def test_rdma_client_fails_clearly_without_rdma_devices(no_rdma: LabHosts, tmp_path: Path) -> None:
+    proc = run_role(no_rdma, tmp_path, "rdma_client", limit=NO_RDMA)
+    assert proc.returncode != 0, explain(proc)
+    msg = failure_messages(proc)
+    assert "rdma_client: expected at least 1 RDMA device(s) from ibv_devices, found 0" in msg
+
+
+def test_cufile_fails_clearly_when_rdma_discovery_finds_nothing(
+    no_rdma: LabHosts, tmp_path: Path
+) -> None:
+    proc = run_role(no_rdma, tmp_path, "cufile", limit=NO_RDMA)  # lab vars: discovery on
+    assert proc.returncode != 0, explain(proc)
+    assert "no RDMA device with a network interface was found under" in failure_messages(proc)
