@@ -184,3 +184,25 @@ async def reset_prefix_cache(session: aiohttp.ClientSession, info: ArmInfo) -> b
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
     return False
+
+
+EMISSION_LAG = "kvops:sim_emission_lag_seconds"
+
+
+async def emission_lag(session: aiohttp.ClientSession, info: ArmInfo) -> tuple[float, int] | None:
+    """(sum of seconds, steps) of the simulated engine's emission-lag histogram so far, or
+    None for a server without it (a real vLLM): a segment's lag is the difference of two reads."""
+    if not info.has_metrics:
+        return None
+    try:
+        status, body = await _get(session, info.url + "/metrics")
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return None
+    if status != 200:
+        return None
+    parsed = parse_prometheus_text(body)
+    total = parsed.counter_value(EMISSION_LAG + "_sum")
+    count = parsed.counter_value(EMISSION_LAG + "_count")
+    if total is None or count is None:
+        return None
+    return total, int(count)

@@ -25,6 +25,13 @@ from pathlib import Path
 from kvops.abtest.arms import Arm
 
 OFFLOAD_CONFIG = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
+# The offload engine's LMCache settings besides gds_path (written to its LMCACHE_CONFIG_FILE;
+# `kvops.abtest.predict` builds the same engine from them for the virtual-time prediction).
+OFFLOAD_LMCACHE: dict[str, object] = {
+    "chunk_size": 256,
+    "local_cpu": False,
+    "gds_buffer_size": 8192,
+}
 
 
 @dataclass(frozen=True)
@@ -80,10 +87,10 @@ class EmbeddedEngines:
             shutil.rmtree(gds_dir)
         gds_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / "lmcache-offload.yaml"
+        keys = {**OFFLOAD_LMCACHE, "gds_path": str(gds_dir.resolve())}
         path.write_text(
             "# written by kvops ab-test for the embedded offload engine\n"
-            "chunk_size: 256\nlocal_cpu: false\n"
-            f"gds_path: {json.dumps(str(gds_dir.resolve()))}\ngds_buffer_size: 8192\n"
+            + "".join(f"{k}: {json.dumps(v)}\n" for k, v in keys.items())
         )
         return path
 

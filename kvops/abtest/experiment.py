@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from kvops.abtest.arms import Arm, ArmInfo, arm_differences, fetch_arm_info, reset_prefix_cache
+from kvops.abtest.arms import (
+    Arm,
+    ArmInfo,
+    arm_differences,
+    emission_lag,
+    fetch_arm_info,
+    reset_prefix_cache,
+)
 from kvops.abtest.rundir import RunDir
 from kvops.loadgen.client import Endpoint, make_session
 from kvops.loadgen.record import JsonlWriter, RequestRecord
@@ -181,6 +188,7 @@ class Experiment:
                 "VLLM_SERVER_DEV_MODE=1); caches were not reset between trials"
             )
         stats = ClientStats()
+        lag_before = await emission_lag(session, info)
 
         def on_record(rec: RequestRecord) -> None:
             records.write_record(rec)
@@ -226,10 +234,18 @@ class Experiment:
             self.stats.merge(stats)
         summary = stats.summary()
         summary["workers"] = opts.workers
-        segs.write_obj(
-            {"status": "done", "scenario": spec.name, "trial": trial, "arm": arm.name,
-             "attempt": attempt, "client": summary}
-        )  # fmt: skip
+        seg: dict[str, object] = {
+            "status": "done", "scenario": spec.name, "trial": trial, "arm": arm.name,
+            "attempt": attempt, "client": summary,
+        }  # fmt: skip
+        lag_after = await emission_lag(session, info)
+        if lag_before is not None and lag_after is not None:
+            # how late the simulated engine sent its tokens against the model's schedule
+            seg["engine_lag"] = {
+                "sum_s": lag_after[0] - lag_before[0],
+                "steps": lag_after[1] - lag_before[1],
+            }
+        segs.write_obj(seg)
 
     async def _iteration(
         self,

@@ -19,6 +19,9 @@ within a version):
       comparisons: [{metric, baseline, candidate (values), baseline_arm, candidate_arm,
                      delta_pct, ci95_low_pct, ci95_high_pct, verdict, higher_is_better,
                      resample_unit}]}}
+      (an arm block also has engine_emission_lag_mean_ms when the arm is a simulated engine)
+  model_prediction: {<scenario>: {<arm>: {total_token_throughput_tok_s, mean_ttft_ms,
+                     mean_itl_ms}}}      (embedded engines only: the model in virtual time)
   client: {dispatch_lag_mean_ms, dispatch_lag_p99_ms, dispatch_lag_max_ms, loop_lag_mean_ms,
            loop_lag_p99_ms, max_in_flight, workers, bottleneck, bottleneck_reason}
 """
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from kvops import __version__
+from kvops.abtest.predict import fidelity_warnings, predict_run
 from kvops.abtest.rundir import RunDir
 from kvops.loadgen.record import RequestRecord, iter_jsonl, read_records
 from kvops.loadgen.runner import ClientStats, judge_client
@@ -137,6 +141,43 @@ def client_summary(run_dir: RunDir, records: list[RequestRecord]) -> dict[str, A
     )
 
 
+# A simulated engine whose tokens left this late on average (share of the arm's mean TTFT)
+# measured its host more than its model.
+LAG_WARN_SHARE = 0.10
+
+
+def engine_lags(
+    run_dir: RunDir, done: dict[tuple[str, int, str], str]
+) -> dict[tuple[str, str], float]:
+    """(scenario, arm) -> mean emission lag in ms over the counted segments, for simulated
+    engines (which report it); absent for servers that do not."""
+    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for d in iter_jsonl(run_dir.segments_path):
+        lag = d.get("engine_lag")
+        key = (str(d.get("scenario")), int(d.get("trial") or 0), str(d.get("arm")))
+        if not isinstance(lag, dict) or done.get(key) != d.get("attempt"):
+            continue
+        acc = sums[(str(d["scenario"]), str(d["arm"]))]
+        acc[0] += float(lag.get("sum_s", 0.0))
+        acc[1] += float(lag.get("steps", 0))
+    return {k: 1e3 * v[0] / v[1] for k, v in sums.items() if v[1] > 0}
+
+
+def _lag_warnings(scenarios: dict[str, Any]) -> list[str]:
+    out = []
+    for name, sc in scenarios.items():
+        for arm, block in sc["arms"].items():
+            lag = block.get("engine_emission_lag_mean_ms")
+            ttft = block["metrics"].get("mean_ttft_ms")
+            if lag is not None and ttft and lag > LAG_WARN_SHARE * ttft:
+                out.append(
+                    f"{name}: simulated engine {arm} sent its tokens {lag:.1f} ms late on "
+                    f"average against its model's schedule ({lag / ttft:.0%} of its mean TTFT): "
+                    "the host could not keep up, so its latencies are overstated"
+                )
+    return out
+
+
 def build_results(
     run_dir: RunDir,
     *,
@@ -153,6 +194,7 @@ def build_results(
     latest_infos = history[max(history, key=attempt_number)] if history else []
     result = ResultSet(doc={})
     scenarios: dict[str, Any] = {}
+    lags = engine_lags(run_dir, done)
     for spec in specs:
         by_arm = {
             a: [r for r in records if r.scenario == spec.name and r.arm == a] for a in arm_names
@@ -161,6 +203,8 @@ def build_results(
         clusters: dict[str, Clusters] = {}
         for a in arm_names:
             blocks[a], clusters[a] = _arm_block(by_arm[a], slo)
+            if (spec.name, a) in lags:
+                blocks[a]["engine_emission_lag_mean_ms"] = lags[(spec.name, a)]
         result.measured[spec.name] = {a: [r for r in by_arm[a] if not r.warmup] for a in arm_names}
         comparisons = []
         base = arm_names[0]
@@ -182,6 +226,10 @@ def build_results(
             "comparisons": [c.to_dict() for c in comparisons],
         }
     warnings = list(warnings or [])
+    warnings += [w for w in _lag_warnings(scenarios) if w not in warnings]
+    prediction = predict_run(run_dir)
+    if prediction is not None:
+        warnings += [w for w in fidelity_warnings(scenarios, prediction) if w not in warnings]
     off = [
         r
         for r in records
@@ -213,4 +261,6 @@ def build_results(
         "scenarios": scenarios,
         "client": client_summary(run_dir, records),
     }
+    if prediction is not None:
+        result.doc["model_prediction"] = prediction
     return result

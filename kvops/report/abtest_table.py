@@ -72,6 +72,7 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
             f"{name}: offload [{style}]{sc['verdict']}[/]  [dim](errors: {errs}; "
             f"cached-token share: {share})[/]"
         )
+    _prediction_lines(doc, arm_names, console)
     client = doc.get("client", {})
     if client:
         line = (
@@ -87,6 +88,25 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         console.print(f"[bold yellow]warning:[/] {w}")
     if doc.get("status") != "complete":
         console.print(f"[bold yellow]run {doc.get('status')}: figures cover what completed[/]")
+
+
+def _prediction_lines(doc: dict[str, Any], arm_names: list[str], console: Console) -> None:
+    """The model's own virtual-time figures beside the measured ones (embedded engines): if
+    they disagree, the host shaped the measurement (see the warnings)."""
+    prediction = doc.get("model_prediction") or {}
+    if len(arm_names) < 2:
+        return
+    base, cand = arm_names[0], arm_names[1]
+    for name, arms in prediction.items():
+        if base not in arms or cand not in arms:
+            continue
+        parts = []
+        for metric, label in TABLE_METRICS:
+            b, c = arms[base].get(metric), arms[cand].get(metric)
+            if b and c is not None:
+                parts.append(f"{label} {fmt_num(b)} → {fmt_num(c)} ({fmt_pct(100 * (c / b - 1))})")
+        if parts:
+            console.print(f"[dim]{name}: the model predicts {base} → {cand}: {'; '.join(parts)}[/]")
 
 
 def _share(x: Any) -> str:

@@ -139,6 +139,13 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self._pending or self._waiting or self._running)
 
+    def next_step_start_s(self) -> float:
+        """Virtual time at which the next `step` would start (it jumps to the first arrival
+        when nothing is runnable), so a real-time driver knows which arrivals belong in it."""
+        if not self._running and not self._waiting and self._pending:
+            return max(self.now_s, self._pending[0][0])
+        return self.now_s
+
     def num_running(self) -> int:
         return len(self._running)
 

@@ -109,6 +109,7 @@ class GdsChunkWriter:
         self.dtype = dtype
         self.header = _header(dtype, chunk_bytes // max(1, world_size))
         self.root.mkdir(parents=True, exist_ok=True)
+        self._dirs: set[Path] = set()  # created already: a mkdir per file is a wasted syscall
 
     def write(self, chunk_hashes: list[int]) -> int:
         """Write the given chunks (unsigned model hashes); returns files written."""
@@ -118,7 +119,9 @@ class GdsChunkWriter:
             for worker in range(self.world_size):
                 key = ChunkKey(self.model_name, self.world_size, worker, to_signed64(h), self.dtype)
                 path = key.path(self.root)
-                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.parent not in self._dirs:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    self._dirs.add(path.parent)
                 _atomic_write(path, payload)
                 _atomic_write(path.with_name(path.name + ".metadata"), self.header)
                 written += 2

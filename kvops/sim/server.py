@@ -3,8 +3,12 @@
 The engine runs in virtual time; one asyncio task steps it and sleeps until each step's real
 deadline (start + virtual end x time_scale), then hands out every token that step produced. When
 the event loop falls behind, tokens go out in a burst: the model's clock is never stretched to
-match the wall clock, so the modelled latencies stay exact and only delivery is late. A request's
-virtual arrival is the wall-clock moment it came in, mapped through the same scale.
+match the wall clock, so the modelled latencies stay exact and only delivery is late (measured as
+`kvops:sim_emission_lag_seconds`). A request's virtual arrival is the wall-clock moment its
+handler started, mapped through the same scale: reading and parsing a 30K-token body is this
+host's CPU, not the modelled server's, so it must not push the request later in the model. A
+step never starts before every request that arrived by its start time has been added (parsing
+a burst of requests takes the loop a while; the model sees the burst together, as it should).
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ from kvops.sim.openai_api import (
     ApiError,
     ChunkMaker,
     ParsedRequest,
+    TokenIds,
     chat_text,
+    decode_body,
     parse_request,
     usage,
 )
@@ -58,12 +64,19 @@ class EngineDeadError(RuntimeError):
     """The engine loop failed; requests in flight get this instead of tokens."""
 
 
+# Longest a step waits (wall seconds) for a request that arrived before it but is still being
+# read; a slow upload must not stall everyone else's tokens.
+ARRIVAL_WAIT_CAP_S = 0.25
+SWITCH_INTERVAL_S = 0.0005
+
+
 class _Stream:
     """Token events for one in-flight request: ints (token ids) then the final record."""
 
-    def __init__(self, prompt_ids: list[int], seed: int) -> None:
+    def __init__(self, prompt_ids: TokenIds, seed: int) -> None:
         self.queue: asyncio.Queue[int | RequestRecord | EngineDeadError] = asyncio.Queue()
-        self.rng = random.Random(hash((seed, len(prompt_ids), tuple(prompt_ids[:64]))))
+        head = tuple(int(t) for t in prompt_ids[:64])
+        self.rng = random.Random(hash((seed, len(prompt_ids), head)))
 
 
 class SimServer:
@@ -117,6 +130,9 @@ class SimServer:
         self._real0 = 0.0
         self._loop_task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
+        # virtual arrival times of requests whose handler started but which are not added yet
+        self._arriving: list[float] = []
+        self._arrived = asyncio.Event()
         self._writes: set[asyncio.Task[None]] = set()
 
     # ----- clock and engine loop ---------------------------------------------------------
@@ -143,11 +159,14 @@ class SimServer:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
+            await self._await_arrivals(self.engine.next_step_start_s())
             result = self.engine.step()
             if result is None:
                 continue
-            delay = self._real0 + result.end_s * scale - loop.time()
-            await asyncio.sleep(max(0.0, delay))
+            deadline = self._real0 + result.end_s * scale
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            if result.token_request_ids:
+                self.metrics.observe_lag(loop.time() - deadline)
             for rid in result.token_request_ids:
                 stream = self._streams.get(rid)
                 if stream is not None:
@@ -162,6 +181,18 @@ class SimServer:
                 task = asyncio.create_task(self._write_chunks(result.stored_chunk_hashes))
                 self._writes.add(task)
                 task.add_done_callback(self._writes.discard)
+
+    async def _await_arrivals(self, start_s: float) -> None:
+        """Let the requests that arrived by `start_s` (virtual) but are still being read and
+        parsed join the step that starts then, as they would in the model."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + ARRIVAL_WAIT_CAP_S
+        while self._arriving and min(self._arriving) <= start_s:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), max(0.0, give_up - loop.time()))
+            except TimeoutError:
+                return
 
     async def _write_chunks(self, hashes: list[int]) -> None:
         assert self.writer is not None
@@ -184,20 +215,22 @@ class SimServer:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
     # ----- generation ----------------------------------------------------------------------
+    def _add(self, parsed: ParsedRequest, rid: str, arrival_s: float) -> _Stream:
+        """Put the request into the engine (ValueError for one that can never fit)."""
+        if self.dead_reason:
+            raise EngineDeadError(self.dead_reason)
+        stream = _Stream(parsed.prompt_ids, self.config.seed)
+        self.engine.add_request(Request(rid, arrival_s, parsed.prompt_ids, parsed.max_tokens))
+        self._streams[rid] = stream
+        self._wakeup.set()
+        return stream
+
     async def _generate(
-        self, parsed: ParsedRequest, rid: str
+        self, stream: _Stream, rid: str
     ) -> AsyncGenerator[list[int | RequestRecord], None]:
         """Everything available for the request at each wake-up: token ids, then its record.
         Handing over all queued tokens at once lets a lagging server write a burst in one
         send instead of one per token."""
-        if self.dead_reason:
-            raise EngineDeadError(self.dead_reason)
-        stream = _Stream(parsed.prompt_ids, self.config.seed)
-        self.engine.add_request(
-            Request(rid, self._virtual_now(), parsed.prompt_ids, parsed.max_tokens)
-        )  # raises ValueError for a request that can never fit
-        self._streams[rid] = stream
-        self._wakeup.set()
         finished = False
         try:
             while True:
@@ -219,23 +252,40 @@ class SimServer:
                 self.engine.abort(rid)
 
     async def _completion(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        arrival_s = self._virtual_now()
+        self._arriving.append(arrival_s)
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(ApiError("request body is not valid JSON"))
-        try:
-            parsed = parse_request(
-                body, chat, self.tokenizer, self.served_name, self.engine.max_model_len
-            )
-        except ApiError as exc:
-            return _error(exc)
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+            # a burst of requests read in one go starts one handler each: let them all take
+            # their arrival time before any of them spends CPU on parsing
+            await asyncio.sleep(0)
+            try:
+                body = decode_body(await request.read())
+            except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
+                return _error(ApiError("request body is not valid JSON"))
+            try:
+                parsed = parse_request(
+                    body, chat, self.tokenizer, self.served_name, self.engine.max_model_len
+                )
+            except ApiError as exc:
+                return _error(exc)
+            rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+            try:
+                stream = self._add(parsed, rid, arrival_s)
+            except ValueError as exc:
+                return _error(ApiError(str(exc)))
+            except EngineDeadError as exc:
+                return _error(ApiError(f"engine dead: {exc}", 500, "InternalServerError"))
+        finally:
+            self._arriving.remove(arrival_s)
+            self._arrived.set()
         maker = ChunkMaker(rid, self.served_name, chat)
-        gen = self._generate(parsed, rid)
+        gen = self._generate(stream, rid)
         try:
             return await self._respond(request, parsed, maker, gen)
         finally:
             await gen.aclose()  # aborts the request in the engine if it did not finish
+            if self._streams.pop(rid, None) is not None:  # cancelled before it ever started
+                self.engine.abort(rid)
 
     async def _respond(
         self,
@@ -246,8 +296,6 @@ class SimServer:
     ) -> web.StreamResponse:
         try:
             batch = await gen.__anext__()
-        except ValueError as exc:
-            return _error(ApiError(str(exc)))
         except EngineDeadError as exc:
             return _error(ApiError(f"engine dead: {exc}", 500, "InternalServerError"))
         if not parsed.stream:
@@ -383,6 +431,10 @@ def _error(exc: ApiError) -> web.Response:
 def serve(config: ServerConfig, host: str, port: int) -> None:
     """Run until interrupted (the `kvops sim serve` entry point)."""
     server = SimServer(config)
+    # The chunk writer thread holds the GIL between its syscalls; by default Python lets a
+    # thread keep it up to 5 ms, during which no token can be sent. Hand it back sooner (set
+    # here, in the server's own process, not in whoever embeds a SimServer).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     web.run_app(
         server.app(),
         host=host,

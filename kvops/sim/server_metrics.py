@@ -25,6 +25,9 @@ _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+EMISSION_LAG = "kvops:sim_emission_lag_seconds"
+
 
 class _EngineCollector(Collector):
     def __init__(self, engine: Engine, model_name: str, cache_info: dict[str, str]) -> None:
@@ -142,6 +145,18 @@ class ServerMetrics:
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request "
                              "latency in seconds.", labels, registry=self.registry,
                              buckets=_E2E_BUCKETS)  # fmt: skip
+
+        # kvops-only: how late (wall seconds) each step's tokens left against the model's
+        # schedule. Zero-ish means the client measured the model; large means it measured
+        # this host's CPU (the model's clock is never stretched, so lateness only adds).
+        self.emission_lag = Histogram(EMISSION_LAG, "Wall seconds by which a step's tokens "
+                                      "were sent after the model scheduled them.", labels,
+                                      registry=self.registry, buckets=_LAG_BUCKETS)  # fmt: skip
+
+        self.emission_lag.labels(*self._values)  # present from the start: a reader diffs it
+
+    def observe_lag(self, lag_s: float) -> None:
+        self.emission_lag.labels(*self._values).observe(max(0.0, lag_s))
 
     def observe(self, record: RequestRecord, time_scale: float) -> None:
         """Record a finished request's latencies in real seconds (virtual x time_scale)."""

@@ -1,0 +1,191 @@
+"""What the model itself predicts for an embedded ab-test run, computed in virtual time.
+
+Why: the embedded engines run the model in real time on whatever host runs the demo. When that
+host cannot keep up (a small VM, other jobs), tokens go out late and the measured figures
+describe the host, not the model. Running exactly the same experiment through the pure model -
+same prompts, same segment order (ABBA), same warm-up, same cache resets, one engine per arm
+whose offload storage persists across segments as the embedded server's does - gives the
+figures the measurement should reproduce, in the same wall-clock units (virtual x time scale).
+The gap between the two is the simulator's fidelity on this host.
+
+Limits: token-id prompts only (text prompts would need the server's tokenizer round trip);
+batch mode only (rate mode's random arrivals are client-side timing, left out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvops.abtest.arms import Arm
+from kvops.abtest.embedded import OFFLOAD_LMCACHE
+from kvops.abtest.experiment import Options, segment_plan
+from kvops.abtest.rundir import RunDir
+from kvops.loadgen.record import RequestRecord
+from kvops.metrics import compute_metrics
+from kvops.sim.lmcache_config import LMCacheSettings
+from kvops.sim.model import Engine, EngineSettings, build_engine
+from kvops.sim.records import Request
+from kvops.sim.records import RequestRecord as ModelRecord
+from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
+from kvops.workload.schedule import batch_groups
+from kvops.workload.spec import WorkloadSpec
+
+# Virtual seconds between two segments: the client resets caches and prepares the next
+# segment; offload writes in flight land meanwhile, as they do in real time.
+SEGMENT_GAP_S = 1.0
+# The figures compared between prediction and measurement (both in wall-clock units), and how
+# far apart they may be before the run says so: beyond it, the host (CPU contention, client
+# overhead) shaped the numbers more than the model did.
+FIDELITY_METRICS = ("total_token_throughput_tok_s", "mean_ttft_ms")
+FIDELITY_TOLERANCE = 0.15
+
+
+@dataclass(frozen=True)
+class EmbeddedArm:
+    """How the embedded launcher configures one engine (see `kvops.abtest.embedded`)."""
+
+    name: str
+    settings: EngineSettings
+
+
+def predict(
+    scenarios: list[WorkloadSpec],
+    arms: list[EmbeddedArm],
+    options: Options,
+    alphabet: Alphabet,
+    profile: Mapping[str, str],
+    time_scale: float,
+) -> dict[str, dict[str, dict[str, Any]]] | None:
+    """scenario -> arm -> metrics (as `compute_metrics`, wall units), or None when the run
+    cannot be replayed in virtual time (text prompts, rate mode)."""
+    if alphabet.is_text or any(s.rate is not None for s in scenarios):
+        return None
+    engines: dict[str, Engine] = {
+        a.name: build_engine(profile["model"], profile["gpu"], profile["storage"], a.settings)
+        for a in arms
+    }
+    plan_arms = [Arm(a.name, "embedded") for a in arms]
+    records: dict[tuple[str, str], list[RequestRecord]] = {}
+    prefixes = {s.name: make_prefixes(s, alphabet) for s in scenarios}
+    for spec, trial, arm in segment_plan(scenarios, plan_arms, options.trials):
+        engine = engines[arm.name]
+        if options.reset_cache:
+            engine.reset_prefix_cache()
+        engine.now_s += SEGMENT_GAP_S
+        out = records.setdefault((spec.name, arm.name), [])
+        for iteration in range(spec.iterations):
+            planned = plan_iteration(
+                spec, alphabet, prefixes[spec.name], trial=trial, iteration=iteration
+            )
+            warm = iteration < options.warmup_iterations
+            for group in batch_groups(len(planned), spec.batch_size):
+                batch = [planned[i] for i in group]
+                reqs = [
+                    Request(
+                        f"{arm.name}/{p.request.request_id}",
+                        engine.now_s,
+                        _token_ids(p.request.prompt),
+                        p.request.output_tokens,
+                    )
+                    for p in batch
+                ]
+                for p, rec in zip(batch, engine.run(reqs), strict=True):
+                    out.append(_as_client_record(rec, time_scale, trial, iteration, p.batch, warm))
+    result: dict[str, dict[str, dict[str, Any]]] = {}
+    for (scenario, arm_name), recs in records.items():
+        measured = [r for r in recs if not r.warmup]
+        by_trial: dict[int, list[RequestRecord]] = {}
+        for r in measured:
+            by_trial.setdefault(r.trial, []).append(r)
+        metrics = compute_metrics([by_trial[t] for t in sorted(by_trial)])
+        result.setdefault(scenario, {})[arm_name] = dict(metrics)
+    return result
+
+
+def _token_ids(prompt: list[int] | str) -> list[int]:
+    if isinstance(prompt, str):
+        raise TypeError("text prompts cannot be replayed in virtual time")
+    return prompt
+
+
+def _as_client_record(
+    rec: ModelRecord, scale: float, trial: int, iteration: int, batch: int, warm: bool
+) -> RequestRecord:
+    """The model's record as the client would have measured it with a perfect host."""
+    return RequestRecord(
+        request_id=rec.request_id,
+        trial=trial,
+        iteration=iteration,
+        batch=batch,
+        warmup=warm,
+        send_perf_s=rec.arrival_s * scale,
+        end_perf_s=(rec.finish_s or rec.arrival_s) * scale,
+        chunk_offsets_ms=[(t - rec.arrival_s) * scale * 1e3 for t in rec.token_times_s],
+        prompt_tokens=rec.prompt_tokens,
+        output_tokens=len(rec.token_times_s),
+        cached_tokens=rec.gpu_hit_tokens + rec.offload_hit_tokens,
+    )
+
+
+def embedded_arms(kv_capacity_scale: float) -> list[EmbeddedArm]:
+    """The two engines `EmbeddedEngines` starts, as model settings."""
+    offload_lmcache = LMCacheSettings(**OFFLOAD_LMCACHE, gds_path="(virtual)")  # type: ignore[arg-type]
+    return [
+        EmbeddedArm("baseline", EngineSettings(kv_capacity_scale=kv_capacity_scale)),
+        EmbeddedArm(
+            "offload",
+            EngineSettings(
+                kv_capacity_scale=kv_capacity_scale, offload=True, lmcache=offload_lmcache
+            ),
+        ),
+    ]
+
+
+def predict_run(run_dir: RunDir) -> dict[str, dict[str, dict[str, Any]]] | None:
+    """The prediction for a run directory of embedded engines (None for real arms, or when
+    the run cannot be replayed): scenario -> arm -> the compared metrics."""
+    run, specs = run_dir.load_run()
+    sim = run.get("sim")
+    saved = run_dir.load_alphabet()
+    if not run.get("embedded") or not isinstance(sim, dict) or saved is None:
+        return None
+    options = Options(**run.get("options", {}))
+    arms = embedded_arms(float(run.get("scale", 1.0)))
+    full = predict(specs, arms, options, saved[0], sim, float(sim["time_scale"]))
+    if full is None:
+        return None
+    return {
+        sc: {arm: {m: metrics.get(m) for m in (*FIDELITY_METRICS, "mean_itl_ms")}
+             for arm, metrics in by_arm.items()}
+        for sc, by_arm in full.items()
+    }  # fmt: skip
+
+
+def fidelity_warnings(
+    scenarios: Mapping[str, Any], prediction: Mapping[str, Mapping[str, Mapping[str, Any]]]
+) -> list[str]:
+    """One warning per scenario whose measured figures stray from the model's own."""
+    out: list[str] = []
+    for name, predicted in prediction.items():
+        measured_arms = scenarios.get(name, {}).get("arms", {})
+        off: list[str] = []
+        for arm, pred in predicted.items():
+            got = measured_arms.get(arm, {}).get("metrics", {})
+            for metric in FIDELITY_METRICS:
+                want, have = pred.get(metric), got.get(metric)
+                if not want or have is None:
+                    continue
+                dev = have / want - 1.0
+                if abs(dev) > FIDELITY_TOLERANCE:
+                    off.append(f"{arm} {metric} {have:,.1f} vs {want:,.1f} ({dev:+.0%})")
+        if off:
+            out.append(
+                f"{name}: the embedded engines' measured figures differ from the model's own "
+                f"prediction for this workload by more than {FIDELITY_TOLERANCE:.0%} ("
+                + "; ".join(off)
+                + "): the host (CPU contention, client overhead) shaped them; trust the "
+                "prediction, or rerun on a quieter host or with a larger --sim-time-scale"
+            )
+    return out
