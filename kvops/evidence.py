@@ -41,6 +41,9 @@ KINDS = (KIND_COMMAND, KIND_FILE, KIND_DIR, KIND_HTTP, KIND_SYSFS)
 
 ROLE_BASELINE = "baseline"
 ROLE_OFFLOAD = "offload"
+# No inference service on this host (yet): the GDS stack is judged, vLLM/LMCache checks SKIP.
+ROLE_NONE = "none"
+ROLES = (ROLE_BASELINE, ROLE_OFFLOAD, ROLE_NONE)
 
 
 class Item(TypedDict, total=False):
@@ -70,10 +73,11 @@ class Settings(TypedDict, total=False):
     service_user: str  # user the vLLM service runs as (GDS dir must be writable by it)
     lmcache_config_path: str  # LMCache YAML path (else taken from LMCACHE_CONFIG_FILE)
     expected_model: str  # model name that /v1/models must list
-    role: str  # ROLE_BASELINE | ROLE_OFFLOAD
+    role: str  # ROLE_BASELINE | ROLE_OFFLOAD | ROLE_NONE (no inference service declared)
     storage_bench: bool  # whether gdsio_* items were requested
     gdsio_args: dict[str, str]  # e.g. {"size": "1G", "io_size": "1M", "threads": "8", "gpu": "0"}
     cufile_json_path: str  # path the service's libcufile reads (CUFILE_ENV_PATH_JSON or /etc)
+    min_free_gib: float  # this host's GDS-directory free-space floor (beats --min-free-gib)
 
 
 class Evidence(TypedDict, total=False):

@@ -346,6 +346,13 @@ def hosts_from_list(data: dict[str, Any], limit: str | None = None) -> list[Inve
                 and (key.startswith(("ansible_", "kvops_")))
             ):
                 host.warnings.append(f"{key} is an unrendered Jinja template; kvops uses it as is")
+        role = hvars.get("kvops_role")
+        if role not in (None, "") and str(role).strip().lower() not in KNOWN_ROLES:
+            known = ", ".join(KNOWN_ROLES)
+            host.warnings.append(f"kvops_role {role!r} unknown ({known}); judged by its groups")
+        floor = hvars.get("kvops_min_free_gib")
+        if floor not in (None, "") and _min_free_gib(host) is None:
+            host.warnings.append(f"kvops_min_free_gib {floor!r} is not a number >= 0; ignored")
         hosts.append(host)
     return hosts
 
@@ -365,16 +372,30 @@ SETTING_VARS = {  # Settings key -> host variable
 }
 GDSIO_VARS = {"size": "kvops_gdsio_size", "io_size": "kvops_gdsio_io_size"}
 GDSIO_VARS.update(threads="kvops_gdsio_threads", gpu="kvops_gdsio_gpu")
+# `none`: no inference service on the host (yet); vLLM/LMCache checks SKIP (kvops.evidence).
+KNOWN_ROLES = ("baseline", "offload", "none")
 
 
 def host_role(host: InventoryHost) -> str:
-    """`kvops_role`, else membership of a group named `baseline`/`offload`, else offload."""
-    role = host.vars.get("kvops_role")
-    if role in ("baseline", "offload"):
-        return str(role)
+    """`kvops_role` (baseline, offload, or none: no inference service on the host), else
+    membership of a group named `baseline`/`offload`, else offload."""
+    role = str(host.vars.get("kvops_role") or "").strip().lower()
+    if role in KNOWN_ROLES:
+        return role
     if "baseline" in host.groups and "offload" not in host.groups:
         return "baseline"
     return "offload"
+
+
+def _min_free_gib(host: InventoryHost) -> float | None:
+    value = host.vars.get("kvops_min_free_gib")
+    if not isinstance(value, (int, float, str)) or isinstance(value, bool) or value == "":
+        return None
+    try:
+        floor = float(value)
+    except (TypeError, ValueError):
+        return None
+    return floor if floor >= 0 else None
 
 
 def probe_settings(
@@ -389,6 +410,9 @@ def probe_settings(
         if host.vars.get(var) not in (None, ""):
             settings[key] = str(host.vars[var])
     settings["role"] = host_role(host)
+    floor = _min_free_gib(host)
+    if floor is not None:
+        settings["min_free_gib"] = floor
     settings["storage_bench"] = bool(storage_bench)
     args = dict(DEFAULT_GDSIO)
     args.update({k: str(host.vars[v]) for k, v in GDSIO_VARS.items() if host.vars.get(v)})

@@ -57,11 +57,19 @@ def check_free_space(ctx: Context) -> list[Finding]:
     if data is None or not isinstance(data.get("free_bytes"), int):
         return [finding("GDS-082", Severity.SKIP, "free space not reported (see GDS-080)")]
     free_gib = int(data["free_bytes"]) / GIB
-    minimum = ctx.thresholds.min_free_gib
-    msg = f"{free_gib:.1f} GiB free (minimum {minimum:g} GiB)"
+    minimum, whose = ctx.thresholds.min_free_gib, ""
+    floor = ctx.settings.get("min_free_gib")
+    if isinstance(floor, (int, float)) and not isinstance(floor, bool) and floor >= 0:
+        minimum, whose = float(floor), ", this host's kvops_min_free_gib"  # host beats fleet
+    msg = f"{free_gib:.{_digits(free_gib)}f} GiB free (minimum {minimum:g} GiB{whose})"
     if free_gib < minimum:
         return [finding("GDS-082", Severity.FAIL, msg, _summary(data))]
     return [finding("GDS-082", Severity.PASS, msg, _summary(data))]
+
+
+def _digits(gib: float) -> int:
+    """Enough decimals that a small volume does not read as 0.0 GiB."""
+    return 1 if gib >= 1 or gib == 0 else 3
 
 
 CHECKS = [check_writable, check_tmp_files, check_free_space]

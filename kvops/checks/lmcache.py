@@ -12,9 +12,15 @@ from kvops.parse.lmcache_config import LmcacheConfig, buffer_key_for
 STABLE_HASHES = frozenset({"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"})
 
 
+def _not_offload(ctx: Context) -> str:
+    if ctx.role == ev.ROLE_NONE:
+        return "kvops_role none: no inference service declared on this host"
+    return f"role {ctx.role or 'unset'}: not an offload host"
+
+
 def _config_or_skip(ctx: Context, check_id: str) -> LmcacheConfig | Finding:
     if ctx.role != ev.ROLE_OFFLOAD:
-        return finding(check_id, Severity.SKIP, f"role {ctx.role or 'unset'}: not an offload host")
+        return finding(check_id, Severity.SKIP, _not_offload(ctx))
     config = ctx.lmcache
     if config is None and check_id != "GDS-060":
         return finding(check_id, Severity.SKIP, "no LMCache config to judge (see GDS-060)")
@@ -99,7 +105,7 @@ def check_stable_hash(ctx: Context) -> list[Finding]:
 
 def check_prometheus_dir(ctx: Context) -> list[Finding]:
     if ctx.role != ev.ROLE_OFFLOAD:
-        return [finding("GDS-063", Severity.SKIP, f"role {ctx.role or 'unset'}: not offload")]
+        return [finding("GDS-063", Severity.SKIP, _not_offload(ctx))]
     env = ctx.service_env
     if env is None:
         return [ctx.skip("GDS-063", ev.VLLM_ENV)]

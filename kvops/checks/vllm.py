@@ -10,10 +10,20 @@ from kvops.checks.model import Finding, Severity, finding
 from kvops.parse.prometheus import parse_prometheus_text
 
 CONNECTOR = "LMCacheConnectorV1"
+ROLE_REMEDY = "Set kvops_role to baseline or offload for a host that serves inference."
+
+
+NO_SERVICE = "kvops_role none: no inference service declared on this host"
 
 
 def check_healthy(ctx: Context) -> list[Finding]:
     item = ctx.item(ev.HTTP_HEALTH)
+    if ctx.role == ev.ROLE_NONE:
+        if item is not None and ev.item_problem(item) is None:
+            # Declared absent, yet something answers: say so rather than judge it blind.
+            msg = f"{NO_SERVICE}, yet {ev.source_text(item)} answers HTTP {item.get('http_status')}"
+            return [finding("GDS-070", Severity.WARN, msg, remedy=ROLE_REMEDY)]
+        return [finding("GDS-070", Severity.SKIP, NO_SERVICE)]
     if item is None:
         return [ctx.skip("GDS-070", ev.HTTP_HEALTH)]
     if ev.item_problem(item) is None:
@@ -35,6 +45,8 @@ def _vllm_version(ctx: Context) -> str | None:
 
 
 def check_model_served(ctx: Context) -> list[Finding]:
+    if ctx.role == ev.ROLE_NONE:
+        return [finding("GDS-071", Severity.SKIP, NO_SERVICE)]
     text = ctx.text(ev.HTTP_MODELS)
     if text is None:
         return [ctx.skip("GDS-071", ev.HTTP_MODELS)]
@@ -54,6 +66,8 @@ def check_model_served(ctx: Context) -> list[Finding]:
 
 
 def check_kv_transfer_config(ctx: Context) -> list[Finding]:
+    if ctx.role == ev.ROLE_NONE:
+        return [finding("GDS-072", Severity.SKIP, NO_SERVICE)]
     if ctx.vllm_argv is None:
         return [ctx.skip("GDS-072", ev.VLLM_PROCESS, ev.VLLM_UNIT)]
     config = ctx.kv_transfer_config
@@ -87,6 +101,8 @@ def check_kv_transfer_config(ctx: Context) -> list[Finding]:
 
 
 def check_metrics(ctx: Context) -> list[Finding]:
+    if ctx.role == ev.ROLE_NONE:
+        return [finding("GDS-073", Severity.SKIP, NO_SERVICE)]
     text = ctx.text(ev.HTTP_METRICS)
     if text is None:
         return [ctx.skip("GDS-073", ev.HTTP_METRICS)]

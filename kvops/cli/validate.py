@@ -122,7 +122,11 @@ def _fail(message: str) -> NoReturn:
     help="Passed to ansible-inventory for vaulted variables.",
 )
 @click.option("--vault-id", multiple=True, help="Passed to ansible-inventory.")
-@click.option("--min-free-gib", type=click.FloatRange(min=0), help="GDS dir free-space floor.")
+@click.option(
+    "--min-free-gib",
+    type=click.FloatRange(min=0),
+    help="GDS dir free-space floor [10]; a host's kvops_min_free_gib beats it.",
+)
 @click.option(
     "--bench-min-link-share",
     type=click.FloatRange(min=0, max=1),

@@ -1,78 +1,171 @@
 """`kvops validate` on lab hosts after `playbooks/site.yml`: provision, then prove.
 
 Real SSH with the lab's real host keys (the inventory's UserKnownHostsFile), become via the lab
-user's sudo, the files the roles wrote (fstab mount, cufile.json, modprobe options), and the
-lab's /proc and /sys stand-ins through the probe's `kvops_probe_roots` seam. A host switched to
-the recorded compat-only `gdscheck` must FAIL the gdscheck check while the other passes it.
+user's sudo, the files the roles wrote (fstab mount, cufile.json, modprobe options, the GDS
+directory), and the lab's /proc and /sys stand-ins through the probe's `kvops_probe_roots` seam.
+The lab declares what it is in `validate_lab_vars.yml` (no inference service yet:
+`kvops_role: none`; the GDS directory and its owner; the export stand-in's size).
+
+One validate run over the shared lab's three hosts:
+- kvlab-1, converged by site.yml: no FAIL (exit 0 when judged alone);
+- kvlab-2, converged, switched to the recorded compat-only `gdscheck -p`: GDS-040 FAILs;
+- kvlab-3, provisioned wrong: site.yml with `nvidia_driver_open: false` (the proprietary
+  `nvidia-driver-580` double), then the export remounted by hand over TCP, as an operator
+  would (`mount -t nfs4 -o ...,proto=tcp`): GDS-002 and GDS-021 FAIL.
+kvlab-2 goes back to the healthy variant afterwards; kvlab-3 stays wrong (no other test uses it).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from lab_harness import PROBE_ROOTS, LabHosts
-from site_lab import MOUNT_PATH, SITE_VARS, converge_hosts, converged
+from site_lab import (
+    EXPORT,
+    HERE,
+    MOUNT_PATH,
+    SITE_VARS,
+    converge_hosts,
+    converged,
+    explain,
+    run_site,
+)
+
+VALIDATE_VARS = HERE / "validate_lab_vars.yml"
+WRONG = "kvlab-3"
+GDS_DIR = f"{MOUNT_PATH}/gds"
+TCP_OPTIONS = "vers=4.1,proto=tcp,hard,rsize=262144,wsize=262144,timeo=600,retrans=2"
+# The GDS stack, judged on every provisioned host (vLLM/LMCache SKIP: kvops_role none).
+STACK_CHECKS = (
+    "GDS-001", "GDS-002", "GDS-010", "GDS-011", "GDS-012", "GDS-020", "GDS-021", "GDS-022",
+    "GDS-023", "GDS-024", "GDS-025", "GDS-026", "GDS-030", "GDS-031", "GDS-032", "GDS-033",
+    "GDS-034", "GDS-040", "GDS-041", "GDS-042", "GDS-080", "GDS-081", "GDS-082",
+)  # fmt: skip
+INFERENCE_CHECKS = (
+    "GDS-060", "GDS-061", "GDS-062", "GDS-063", "GDS-064",
+    "GDS-070", "GDS-071", "GDS-072", "GDS-073",
+)  # fmt: skip
 
 
-def validate(lab: LabHosts, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    probe_vars = tmp_path / "kvops_vars.yml"
-    group_vars = {
-        "kvops_probe_roots": PROBE_ROOTS,
-        "kvops_gds_dir": MOUNT_PATH,
-        "ansible_become": True,
-        "kvops_vllm_url": "http://127.0.0.1:8000",  # no vLLM in the lab's site.yml yet
-    }
-    probe_vars.write_text(
-        yaml.safe_dump({"all": {"children": {"gpu_hosts": {"vars": group_vars}}}})
-    )
+def validate(lab: LabHosts, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "kvops", "validate", "-i", str(lab.inventory_path)]
-    cmd += ["-i", str(SITE_VARS), "-i", str(probe_vars), *args]
+    cmd += ["-i", str(SITE_VARS), "-i", str(VALIDATE_VARS), *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=lab.env(), timeout=600)
 
 
-def severities(report: dict[str, Any], host: str) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
+def by_check(report: dict[str, Any], host: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
     for item in report["hosts"][host]["findings"]:
-        out.setdefault(item["check_id"], set()).add(item["severity"])
+        out.setdefault(item["check_id"], []).append(item)
     return out
 
 
-def test_validate_converged_hosts_and_a_compat_only_host(lab: LabHosts, tmp_path: Path) -> None:
+def severities(report: dict[str, Any], host: str) -> dict[str, set[str]]:
+    return {k: {f["severity"] for f in v} for k, v in by_check(report, host).items()}
+
+
+def failed(report: dict[str, Any], host: str) -> set[str]:
+    return {k for k, sev in severities(report, host).items() if "FAIL" in sev}
+
+
+_wrong_done: set[int] = set()
+
+
+def provision_wrong_host(lab: LabHosts, tmp_path: Path) -> None:
+    """kvlab-3: site.yml with the proprietary driver, then the export remounted over TCP."""
+    if lab.slot in _wrong_done:
+        return
+    host_vars = tmp_path / "wrong_host_vars.yml"
+    wrong = {WRONG: {"nvidia_driver_open": False}}
+    host_vars.write_text(yaml.safe_dump({"all": {"hosts": wrong}}))
+    proc = run_site(lab, "-i", str(host_vars), limit=WRONG)
+    assert proc.returncode == 0, explain(proc)
+    # The operator's hand mount: the same export, TCP. A kernel refuses to change proto on a
+    # remount, so it is unmounted first; the export's files persist on a real NFS server (the
+    # tmpfs stand-in starts empty), so the role's GDS directory is made again as it was.
+    script = (
+        f"umount {MOUNT_PATH} && mount -t nfs4 -o {TCP_OPTIONS} {EXPORT} {MOUNT_PATH}"
+        f" && install -d -o vllm -g vllm -m 0750 {GDS_DIR}"
+    )
+    lab.ssh(WRONG, ["sh", "-c", script], sudo=True)
+    _wrong_done.add(lab.slot)
+
+
+def test_validate_vars_match_the_lab_and_the_roles() -> None:
+    data = yaml.safe_load(VALIDATE_VARS.read_text())["all"]["children"]["gpu_hosts"]["vars"]
+    site = yaml.safe_load(SITE_VARS.read_text())["all"]["children"]["gpu_hosts"]["vars"]
+    assert data["kvops_probe_roots"] == PROBE_ROOTS
+    assert site["nfs_rdma_mount_path"] == MOUNT_PATH and data["kvops_gds_dir"] == GDS_DIR
+    role_defaults = HERE.parents[1] / "roles" / "nfs_rdma_mount" / "defaults" / "main.yml"
+    defaults = yaml.safe_load(role_defaults.read_text())
+    assert defaults["nfs_rdma_mount_gds_dir"] == "{{ nfs_rdma_mount_path }}/gds"
+    assert defaults["nfs_rdma_mount_gds_dir_owner"] == data["kvops_service_user"]
+
+
+def test_validate_healthy_and_deliberately_wrong_hosts(lab: LabHosts, tmp_path: Path) -> None:
+    if WRONG not in lab.names:
+        pytest.skip(f"needs a third lab host {WRONG} (KVOPS_LAB_HOSTS >= 3), has {lab.names}")
     converged(lab)
     healthy, compat = converge_hosts(lab)
+    provision_wrong_host(lab, tmp_path)
+    evidence = tmp_path / "ev"
     lab.set_variant(compat, GDSCHECK="compat")
     try:
         proc = validate(
-            lab, tmp_path, "--limit", f"{healthy},{compat}", "--json", "--timeout", "90",
-            "--save-evidence", str(tmp_path / "ev"),
+            lab, "--limit", f"{healthy},{compat},{WRONG}", "--json", "--timeout", "90",
+            "--save-evidence", str(evidence),
         )  # fmt: skip
     finally:
         lab.set_variant(compat, GDSCHECK="healthy")
     assert proc.stdout, proc.stderr
     report = json.loads(proc.stdout)
-    for name in (healthy, compat):
+    for name in (healthy, compat, WRONG):
         assert report["transport"][name]["status"] == "ok", report["transport"]
-    good = severities(report, healthy)
-    checks = (
-        "GDS-010",
-        "GDS-020",
-        "GDS-021",
-        "GDS-023",
-        "GDS-026",
-        "GDS-030",
-        "GDS-033",
-        "GDS-040",
-    )
-    for check_id in checks:
-        assert good[check_id] == {"PASS"}, (check_id, report["hosts"][healthy])
-    assert "FAIL" in severities(report, compat)["GDS-040"]
-    assert proc.returncode == 1  # checks FAILed (no vLLM yet); every host was probed
-    evidence = json.loads((tmp_path / "ev" / f"{healthy}.json").read_text())
-    mounts = evidence["items"]["mounts"]
+    assert proc.returncode == 1, proc.stderr  # the wrong hosts FAILed; every host was probed
+
+    # The healthy host: the whole GDS stack PASSes, inference checks SKIP with the reason.
+    good = by_check(report, healthy)
+    assert report["hosts"][healthy]["status"] in {"PASS", "WARN"}, report["hosts"][healthy]
+    for check_id in STACK_CHECKS:
+        assert {f["severity"] for f in good[check_id]} == {"PASS"}, (check_id, good[check_id])
+    for check_id in INFERENCE_CHECKS:
+        [item] = good[check_id]
+        assert item["severity"] == "SKIP", item
+        assert "kvops_role none" in item["message"], item
+
+    # Each wrong host FAILs exactly the checks of its mistakes, with the cause in the message.
+    assert failed(report, compat) == {"GDS-040"}, by_check(report, compat)
+    [compat_only] = by_check(report, compat)["GDS-040"]
+    assert "compat" in compat_only["message"], compat_only
+    assert failed(report, WRONG) == {"GDS-002", "GDS-021"}, by_check(report, WRONG)
+    [driver] = by_check(report, WRONG)["GDS-002"]
+    assert "proprietary kernel module" in driver["message"], driver
+    [tcp] = by_check(report, WRONG)["GDS-021"]
+    assert "NFS over tcp" in tcp["message"] and "proto=tcp" in tcp["evidence"], tcp
+
+    # Judged alone, the healthy host's evidence exits 0 (the same judges, offline).
+    alone = tmp_path / "healthy-only"
+    alone.mkdir()
+    shutil.copy(evidence / f"{healthy}.json", alone)
+    offline = subprocess.run(
+        [sys.executable, "-m", "kvops", "validate", "--from-evidence", str(alone), "--json"],
+        capture_output=True, text=True, env=lab.env(), timeout=120,
+    )  # fmt: skip
+    assert offline.returncode == 0, offline.stdout[-4000:] + offline.stderr
+
+    # What was judged is what the roles and the operator left on the hosts.
+    mounts = json.loads((evidence / f"{healthy}.json").read_text())["items"]["mounts"]
     assert mounts["source"] == f"{PROBE_ROOTS['proc']}/mounts"
     assert f" {MOUNT_PATH} " in mounts["stdout"] and "proto=rdma" in mounts["stdout"]
+    wrong_items = json.loads((evidence / f"{WRONG}.json").read_text())["items"]
+    assert "proto=tcp" in wrong_items["mounts"]["stdout"]
+    assert "x86_64 Kernel Module" in wrong_items["nvidia_driver_version"]["stdout"]
+    license_ = lab.ssh(WRONG, ["/usr/sbin/modinfo", "-F", "license", "nvidia"]).stdout.strip()
+    assert license_ == "NVIDIA"

@@ -161,3 +161,51 @@ def test_connector_with_producer_role_warns_and_version_is_shown() -> None:
     assert findings_for(doc, "GDS-070") == [
         ("PASS", "http://127.0.0.1:8000/health: HTTP 200 (vLLM 0.34.0)")
     ]
+
+
+INFERENCE_CHECKS = ("GDS-060", "GDS-061", "GDS-062", "GDS-063", "GDS-064")
+INFERENCE_CHECKS += ("GDS-070", "GDS-071", "GDS-072", "GDS-073")
+
+
+def test_host_without_inference_service_skips_vllm_and_lmcache_with_the_reason() -> None:
+    """`kvops_role: none` (GDS stack provisioned, no vLLM yet): nothing to judge, no FAIL."""
+    down = http_item("http://127.0.0.1:8000/health", None, "")
+    doc = edited(http_health=down, http_models=None, http_metrics=None, vllm_process=None)
+    doc["settings"]["role"] = "none"
+    for check_id in INFERENCE_CHECKS:
+        [(severity, message)] = findings_for(doc, check_id)
+        assert severity == "SKIP", (check_id, message)
+        assert "kvops_role none" in message and "no inference service" in message, check_id
+    # The GDS stack is still judged: the directory and its free space.
+    assert findings_for(doc, "GDS-080")[0][0] == "PASS"
+    assert findings_for(doc, "GDS-082")[0][0] == "PASS"
+
+
+def test_role_none_yet_a_vllm_answers_warns() -> None:
+    doc = healthy()
+    doc["settings"]["role"] = "none"
+    [(severity, message)] = findings_for(doc, "GDS-070")
+    assert severity == "WARN" and "answers HTTP 200" in message
+
+
+def test_offload_host_without_a_running_vllm_still_fails() -> None:
+    """The production verdict is unchanged: an offload host (the default) must serve."""
+    down = http_item("http://127.0.0.1:8000/health", None, "")
+    doc = edited(http_health=down)
+    assert doc["settings"]["role"] == "offload"
+    assert findings_for(doc, "GDS-070")[0][0] == "FAIL"
+    doc["settings"].pop("role")
+    assert findings_for(doc, "GDS-070")[0][0] == "FAIL"
+
+
+def test_free_space_floor_from_the_host_beats_the_fleet_default() -> None:
+    doc = healthy()
+    doc["items"]["gds_dir"]["data"]["free_bytes"] = 15 * 2**20  # a 16 MiB volume
+    [(severity, message)] = findings_for(doc, "GDS-082")
+    assert severity == "FAIL" and message == "0.015 GiB free (minimum 10 GiB)"
+    doc["settings"]["min_free_gib"] = 0.01
+    [(severity, message)] = findings_for(doc, "GDS-082")
+    assert severity == "PASS" and "minimum 0.01 GiB, this host's kvops_min_free_gib" in message
+    doc["settings"]["min_free_gib"] = 20
+    doc["items"]["gds_dir"]["data"]["free_bytes"] = 15 * 2**30
+    assert findings_for(doc, "GDS-082")[0][0] == "FAIL"  # stricter per host, too

@@ -169,6 +169,27 @@ def test_explicit_role_var_wins_over_group() -> None:
     assert probe_settings(host)["role"] == "offload"
 
 
+def test_role_none_declares_no_inference_service_and_a_host_free_space_floor() -> None:
+    host = InventoryHost("h", groups=["offload"], vars={"kvops_role": "None"})
+    assert probe_settings(host)["role"] == "none"
+    assert "min_free_gib" not in probe_settings(host)
+    host.vars["kvops_min_free_gib"] = "0.5"
+    assert probe_settings(host)["min_free_gib"] == 0.5
+
+
+def test_unknown_role_and_bad_free_space_floor_warn() -> None:
+    data = {
+        "_meta": {"hostvars": {"h": {"kvops_role": "offlaod", "kvops_min_free_gib": "lots"}}},
+        "all": {"children": ["ungrouped"]},
+        "ungrouped": {"hosts": ["h"]},
+    }
+    (h,) = hosts_from_list(data)
+    assert any("kvops_role 'offlaod' unknown" in w for w in h.warnings), h.warnings
+    assert any("kvops_min_free_gib 'lots'" in w for w in h.warnings), h.warnings
+    settings = probe_settings(h)
+    assert settings["role"] == "offload" and "min_free_gib" not in settings
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
