@@ -64,8 +64,8 @@ class EngineDeadError(RuntimeError):
     """The engine loop failed; requests in flight get this instead of tokens."""
 
 
-# Longest a step waits (wall seconds) for a request that arrived before it but is still being
-# read; a slow upload must not stall everyone else's tokens.
+# Longest the engine waits (wall seconds, once per request) for a request that arrived before a
+# step but is still being read; a slow upload must not stall everyone else's tokens.
 ARRIVAL_WAIT_CAP_S = 0.25
 SWITCH_INTERVAL_S = 0.0005
 
@@ -130,8 +130,9 @@ class SimServer:
         self._real0 = 0.0
         self._loop_task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
-        # virtual arrival times of requests whose handler started but which are not added yet
-        self._arriving: list[float] = []
+        # requests whose handler started but which are not in the engine yet: (virtual arrival,
+        # wall time after which no step waits for them any more)
+        self._arriving: list[tuple[float, float]] = []
         self._arrived = asyncio.Event()
         self._writes: set[asyncio.Task[None]] = set()
 
@@ -186,13 +187,14 @@ class SimServer:
         """Let the requests that arrived by `start_s` (virtual) but are still being read and
         parsed join the step that starts then, as they would in the model."""
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + ARRIVAL_WAIT_CAP_S
-        while self._arriving and min(self._arriving) <= start_s:
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), max(0.0, give_up - loop.time()))
-            except TimeoutError:
+        while True:
+            now = loop.time()
+            due = [give_up for arrival, give_up in self._arriving if arrival <= start_s]
+            if not due or max(due) <= now:
                 return
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), max(due) - now)
 
     async def _write_chunks(self, hashes: list[int]) -> None:
         assert self.writer is not None
@@ -252,8 +254,9 @@ class SimServer:
                 self.engine.abort(rid)
 
     async def _completion(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        arrival_s = self._virtual_now()
-        self._arriving.append(arrival_s)
+        arrival = (self._virtual_now(), asyncio.get_running_loop().time() + ARRIVAL_WAIT_CAP_S)
+        arrival_s = arrival[0]
+        self._arriving.append(arrival)
         try:
             # a burst of requests read in one go starts one handler each: let them all take
             # their arrival time before any of them spends CPU on parsing
@@ -276,7 +279,7 @@ class SimServer:
             except EngineDeadError as exc:
                 return _error(ApiError(f"engine dead: {exc}", 500, "InternalServerError"))
         finally:
-            self._arriving.remove(arrival_s)
+            self._arriving.remove(arrival)
             self._arrived.set()
         maker = ChunkMaker(rid, self.served_name, chat)
         gen = self._generate(stream, rid)

@@ -10,6 +10,7 @@ or emitted on a stretched clock misses it by far more on this workload."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -126,3 +127,40 @@ def test_lag_metric_reports_a_blocked_event_loop() -> None:
     total, steps = asyncio.run(main())
     assert steps > 0
     assert total >= 0.8 * block_s  # the step due during the block went out that late
+
+
+def test_a_slow_upload_stalls_the_engine_once_at_most() -> None:
+    """A request whose body is still arriving holds back a step at most ARRIVAL_WAIT_CAP_S,
+    once: the other streams' tokens keep flowing while its upload hangs."""
+    server = SimServer(ServerConfig(settings=EngineSettings(), time_scale=0.05))
+    hold_s = 2.0
+
+    async def main() -> float:
+        test_server = TestServer(server.app(), host="127.0.0.1")
+        await test_server.start_server()
+        base = str(test_server.make_url("")).rstrip("/")
+        assert test_server.port is not None
+        try:
+            async with aiohttp.ClientSession() as session:
+                body = {"prompt": prompts(0)[0][:500], "max_tokens": 100, "stream": True}
+                async with session.post(base + "/v1/completions", json=body) as resp:
+                    await resp.content.readany()  # streaming: now a slow client arrives
+                    _, writer = await asyncio.open_connection("127.0.0.1", test_server.port)
+                    writer.write(
+                        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                        b'application/json\r\nContent-Length: 1000\r\n\r\n{"prompt":'
+                    )
+                    await writer.drain()
+                    start = time.perf_counter()
+                    with contextlib.suppress(TimeoutError):  # a stalled engine fails below
+                        await asyncio.wait_for(resp.read(), 5.0)
+                    rest_s = time.perf_counter() - start
+                    await asyncio.sleep(max(0.0, hold_s - rest_s))
+                    writer.close()
+                return rest_s
+        finally:
+            await test_server.close()
+
+    rest_s = asyncio.run(main())
+    # 99 more tokens are ~50 ms of modelled time here; one capped wait adds 0.25 s
+    assert rest_s < 1.0, rest_s
