@@ -16,7 +16,7 @@ def main() -> None:
     Provision   ansible-playbook -i inventories/<env> playbooks/site.yml
     Validate    kvops validate -i inventories/<env>
     Prove       kvops smoke --url URL;  kvops ab-test --arm baseline=URL --arm offload=URL
-    Predict     kvops advise --scenario multi-shared-prefix
+    Predict     kvops sim run --scenario multi-prefix --storage ontap-nfs-rdma-400g
     """
 
 
