@@ -207,42 +207,45 @@ def judge_eviction(ev: SmokeEvidence) -> SmokeItem:
     return SmokeItem("eviction", "PASS", f"{ev.eviction.detail}{seen}")
 
 
-def judge_stored(ev: SmokeEvidence) -> SmokeItem:
-    if not ev.after_first.has_lmcache:
-        return SmokeItem("stored_tokens", "SKIP", "no LMCache metrics: not an LMCache engine")
-    rose = _rise(ev.before, ev.after_first, LMCACHE_STORED)
+def _judge_lmcache_counter(
+    item: str,
+    before: MetricsSnapshot,
+    after: MetricsSnapshot,
+    metric: str,
+    rose_when: str,
+    none_means: str,
+) -> SmokeItem:
+    """One LMCache counter between two snapshots: SKIP on a non-LMCache engine, FAIL when the
+    counter is missing or flat, PASS with the rise."""
+    if not after.has_lmcache:
+        return SmokeItem(item, "SKIP", "no LMCache metrics: not an LMCache engine")
+    rose = _rise(before, after, metric)
     if rose is None:
-        return SmokeItem(
-            "stored_tokens", "FAIL", "LMCache metrics present but no lmcache:num_stored_tokens"
-        )
+        return SmokeItem(item, "FAIL", f"LMCache metrics present but no {metric}")
     if rose > 0:
-        return SmokeItem(
-            "stored_tokens",
-            "PASS",
-            f"lmcache:num_stored_tokens rose by {_tok(rose)} "
-            f"on the first sends of {ev.prompt_label}",
-        )
-    return SmokeItem(
-        "stored_tokens", "FAIL", "lmcache:num_stored_tokens did not rise: LMCache stored nothing"
+        return SmokeItem(item, "PASS", f"{metric} rose by {_tok(rose)} {rose_when}")
+    return SmokeItem(item, "FAIL", f"{metric} did not rise{none_means}")
+
+
+def judge_stored(ev: SmokeEvidence) -> SmokeItem:
+    return _judge_lmcache_counter(
+        "stored_tokens",
+        ev.before,
+        ev.after_first,
+        LMCACHE_STORED,
+        f"on the first sends of {ev.prompt_label}",
+        ": LMCache stored nothing",
     )
 
 
 def judge_retrieved(ev: SmokeEvidence) -> SmokeItem:
-    if not ev.after_resend.has_lmcache:
-        return SmokeItem("retrieved_tokens", "SKIP", "no LMCache metrics: not an LMCache engine")
-    rose = _rise(ev.before_resend, ev.after_resend, LMCACHE_HIT)
-    if rose is None:
-        return SmokeItem(
-            "retrieved_tokens", "FAIL", "LMCache metrics present but no lmcache:num_hit_tokens"
-        )
-    if rose > 0:
-        return SmokeItem(
-            "retrieved_tokens",
-            "PASS",
-            f"lmcache:num_hit_tokens rose by {_tok(rose)} on the re-send",
-        )
-    return SmokeItem(
-        "retrieved_tokens", "FAIL", "lmcache:num_hit_tokens did not rise on the re-send"
+    return _judge_lmcache_counter(
+        "retrieved_tokens",
+        ev.before_resend,
+        ev.after_resend,
+        LMCACHE_HIT,
+        "on the re-send",
+        " on the re-send",
     )
 
 
