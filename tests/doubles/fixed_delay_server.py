@@ -5,7 +5,12 @@ deadlines (t0 + 50 ms + k x 10 ms) so the server's own sleep jitter does not acc
 a client measures beyond these figures is client (or network stack) error.
 
 Run: python tests/doubles/fixed_delay_server.py --port P [--fault http500|malformed|stall]
-     [--text-only] [--vocab-size N] [--first-ms 50] [--gap-ms 10]
+     [--text-only] [--vocab-size N] [--first-ms 50] [--gap-ms 10] [--timing-log DIR]
+
+With --timing-log, each process appends one JSON line per streamed request to DIR/<pid>.jsonl:
+the prompt and the CLOCK_MONOTONIC instants at which each chunk was written. That is the truth
+a client's timing is judged against: on a busy 2-core host the double's sleeps fire late, and
+a client that reports the lateness is right, not wrong.
 It is a test double, named as such; production code never imports it.
 """
 
@@ -15,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -64,6 +70,7 @@ class FixedDelay:
         t0 = loop.time()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        written_s: list[float] = []
         for k in range(n):
             delay = t0 + (self.args.first_ms + k * self.args.gap_ms) / 1000.0 - loop.time()
             if delay > 0:
@@ -75,6 +82,7 @@ class FixedDelay:
                 await asyncio.sleep(3600)
             chunk = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": "a"}]}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            written_s.append(time.monotonic())
             self.generated += 1
         usage = {
             "prompt_tokens": prompt_tokens,
@@ -84,6 +92,10 @@ class FixedDelay:
         }
         await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
+        if self.args.timing_log:
+            line = json.dumps({"prompt": prompt, "chunk_written_monotonic_s": written_s})
+            with open(Path(self.args.timing_log) / f"{os.getpid()}.jsonl", "a") as log:
+                log.write(line + "\n")
         return resp
 
     async def models(self, _: web.Request) -> web.Response:
@@ -145,6 +157,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fault", choices=["none", "http500", "malformed", "stall"], default="none")
     p.add_argument("--text-only", action="store_true")
     p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--timing-log", help="directory for per-request chunk write instants")
     p.add_argument("--reuse-port", action="store_true", help="share the port with siblings")
     return p.parse_args(argv)
 

@@ -2,14 +2,22 @@
 first chunk 50 ms after the request, then one every 10 ms).
 
 kvops must be accurate, or say plainly that the client was the bottleneck; it must never be
-silently wrong. When the host is overloaded by other work and kvops flags its own lag, the
-64-stream accuracy check is skipped with the measured figures (it cannot be judged there)."""
+silently wrong. "Accurate" is judged against what the double really did, not against its
+nominal 50/10 ms: the double logs the CLOCK_MONOTONIC instant it wrote each chunk (the clock
+behind `time.perf_counter`, shared by every process on the host), so a double whose sleeps
+fire late on a busy 2-core host moves the truth, and only the client's own error is judged.
+The double's nominal figures are still checked loosely, so a test cannot pass against a
+server that did not keep its timing at all."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import os
 import statistics
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from doubles.fixed_delay_server import running
@@ -17,6 +25,8 @@ from doubles.fixed_delay_server import running
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session
 from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner, judge_client
 from kvops.workload.generate import PlannedRequest
+
+PROMPT_ID_BASE = 1000  # measured prompts are [1, 2, 1000 + i]: each one names its request
 
 
 async def _closed_loop(
@@ -34,7 +44,9 @@ async def _closed_loop(
         await runner.run_group(warm, Labels(warmup=True))  # open the connections first
         records.clear()
         planned = [
-            PlannedRequest(0, 0, i, CompletionRequest(f"r{i}", [1, 2, 3], output_tokens))
+            PlannedRequest(
+                0, 0, i, CompletionRequest(f"r{i}", [1, 2, PROMPT_ID_BASE + i], output_tokens)
+            )
             for i in range(requests)
         ]
         offsets = [i * 0.002 for i in range(requests)]  # ramp in; then the cap holds `streams`
@@ -45,40 +57,81 @@ async def _closed_loop(
     return records, stats
 
 
-def _measure_64_streams() -> tuple[float, float, dict[str, object]]:
-    with running(processes=2) as (url, _):  # two server processes: the double is not the limit
-        records, stats = asyncio.run(_closed_loop(url, 64, 256, 8))
+@dataclass
+class Timing:
+    """Means over every measured request: what kvops reported, and what the double did."""
+
+    ttft_ms: float
+    true_ttft_ms: float
+    itl_ms: float
+    true_itl_ms: float
+
+    @property
+    def ttft_error_ms(self) -> float:
+        return self.ttft_ms - self.true_ttft_ms
+
+    @property
+    def itl_error_ms(self) -> float:
+        return self.itl_ms - self.true_itl_ms
+
+
+def _timing(records: list[RequestRecord], log_dir: Path) -> Timing:
+    """Pairs each record with the double's log line for its prompt."""
+    written: dict[int, list[float]] = {}
+    for log in log_dir.glob("*.jsonl"):
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            written[entry["prompt"][-1]] = entry["chunk_written_monotonic_s"]
+    ttfts, true_ttfts, itls, true_itls = [], [], [], []
+    for i, r in enumerate(records):
+        chunks_s = written[int(r.request_id.rpartition("r")[2]) + PROMPT_ID_BASE]
+        assert r.ttft_ms is not None and len(chunks_s) == len(r.chunk_offsets_ms), (i, r)
+        ttfts.append(r.ttft_ms)
+        true_ttfts.append((chunks_s[0] - r.send_perf_s) * 1e3)
+        itls.extend(r.itls_ms)
+        true_itls.extend((b - a) * 1e3 for a, b in itertools.pairwise(chunks_s))
+    return Timing(
+        statistics.mean(ttfts),
+        statistics.mean(true_ttfts),
+        statistics.mean(itls),
+        statistics.mean(true_itls),
+    )
+
+
+def _measure(streams: int, requests: int, log_dir: Path) -> tuple[Timing, dict[str, object]]:
+    log_dir.mkdir()
+    # two server processes: the double is not the limit
+    with running("--timing-log", str(log_dir), processes=2) as (url, _):
+        records, stats = asyncio.run(_closed_loop(url, streams, requests, 8))
     assert all(r.ok for r in records), [r.error for r in records if not r.ok][:3]
-    assert stats.max_in_flight == 64
+    assert stats.max_in_flight == streams
     assert all(r.output_tokens == 8 and r.prompt_tokens == 3 for r in records)
-    ttft = statistics.mean(r.ttft_ms for r in records if r.ttft_ms is not None)
-    itl = statistics.mean(g for r in records for g in r.itls_ms)
-    return ttft, itl, judge_client(stats.summary(), ttft, None)
+    timing = _timing(records, log_dir)
+    return timing, judge_client(stats.summary(), timing.ttft_ms, None)
 
 
-def test_64_streams_ttft_and_itl_accurate() -> None:
+def test_64_streams_ttft_and_itl_accurate(tmp_path: Path) -> None:
     """Up to three measurements: a systematic timing error fails all three, while a burst of
     CPU contention from the tests before this one (the load average trails by a minute) does
     not decide the verdict on its own."""
-    for _attempt in range(3):
-        ttft, itl, judged = _measure_64_streams()
-        if abs(ttft - 50.0) < 2.0 and abs(itl - 10.0) < 0.5:
-            return
-    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
-    if judged["bottleneck"] and load > cpus:
-        pytest.skip(
-            f"host overloaded (load {load:.1f} on {cpus} CPUs): TTFT {ttft:.1f} ms, ITL "
-            f"{itl:.2f} ms, flagged by kvops: {judged['bottleneck_reason']}"
-        )
-    assert abs(ttft - 50.0) < 2.0, f"mean TTFT {ttft:.2f} ms ({judged})"
-    assert abs(itl - 10.0) < 0.5, f"mean ITL {itl:.2f} ms"
+    for attempt in range(3):
+        timing, judged = _measure(64, 256, tmp_path / f"try{attempt}")
+        if abs(timing.ttft_error_ms) < 2.0 and abs(timing.itl_error_ms) < 0.5:
+            break
+    else:
+        load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+        if judged["bottleneck"] and load > cpus:
+            pytest.skip(
+                f"host overloaded (load {load:.1f} on {cpus} CPUs): {timing}, flagged by kvops: "
+                f"{judged['bottleneck_reason']}"
+            )
+    assert abs(timing.ttft_error_ms) < 2.0, f"{timing} ({judged})"
+    assert abs(timing.itl_error_ms) < 0.5, f"{timing} ({judged})"
+    # the double kept roughly to its nominal timing: the comparison above was a real one
+    assert abs(timing.true_ttft_ms - 50.0) < 10.0 and abs(timing.true_itl_ms - 10.0) < 2.0, timing
 
 
 @pytest.mark.timeout(120)
-def test_512_streams_accurate_or_says_client_bottleneck() -> None:
-    with running(processes=2) as (url, _):
-        records, stats = asyncio.run(_closed_loop(url, 512, 1024, 8))
-    ok = [r for r in records if r.ok]
-    ttft = statistics.mean(r.ttft_ms for r in ok if r.ttft_ms is not None)
-    judged = judge_client(stats.summary(), ttft, None)
-    assert abs(ttft - 50.0) < 2.0 or judged["bottleneck"], (ttft, judged)
+def test_512_streams_accurate_or_says_client_bottleneck(tmp_path: Path) -> None:
+    timing, judged = _measure(512, 1024, tmp_path / "log")
+    assert abs(timing.ttft_error_ms) < 2.0 or judged["bottleneck"], (timing, judged)
