@@ -15,14 +15,34 @@ from kvops.lab.config import MAX_SLOT, LabConfig, find_project_root
 from kvops.lab.errors import LabError
 from kvops.lab.lab import Lab, missing_prerequisites, slot_lock
 
+# The lab's role settings and its declarations for `kvops validate` (inventory sources in
+# tests/lab/), written into hosts.yml so `-i inventories/lab` alone is enough for both.
+DEFAULT_VARS_FILES = ("site_lab_vars.yml", "validate_lab_vars.yml")
 
-def _config(hosts: int, name_prefix: str, slot: int, packages: Path | None) -> LabConfig:
+
+def _config(
+    hosts: int,
+    name_prefix: str,
+    slot: int,
+    packages: Path | None,
+    vars_files: tuple[Path, ...] | None = None,
+) -> LabConfig:
+    root = find_project_root()
+    lab_tests = root / "tests" / "lab" if root else None
     if packages is None:
-        root = find_project_root()
-        candidate = root / "tests" / "lab" / "packages.yml" if root else None
+        candidate = lab_tests / "packages.yml" if lab_tests else None
         packages = candidate if candidate and candidate.is_file() else None
+    if vars_files is None:
+        found = [lab_tests / name for name in DEFAULT_VARS_FILES] if lab_tests else []
+        vars_files = tuple(p for p in found if p.is_file())
     try:
-        return LabConfig(slot=slot, hosts=hosts, name_prefix=name_prefix, packages_spec=packages)
+        return LabConfig(
+            slot=slot,
+            hosts=hosts,
+            name_prefix=name_prefix,
+            packages_spec=packages,
+            vars_files=vars_files,
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
 
@@ -51,6 +71,7 @@ def lab() -> None:
     \b
     kvops lab up --hosts 3        start 3 hosts; writes inventories/lab/hosts.yml and .ssh/
     ansible-playbook -i inventories/lab playbooks/site.yml
+    kvops validate -i inventories/lab
     kvops lab status --json
     kvops lab restart kvlab-1     reboot one host (modules-load.d, fstab NFS replayed)
     kvops lab down
@@ -75,10 +96,20 @@ _slot_option = click.option(
     default=None,
     help="Package list of the test apt repo [default: tests/lab/packages.yml of this checkout].",
 )
+@click.option(
+    "--vars",
+    "vars_files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Inventory source whose gpu_hosts vars go into hosts.yml; repeatable, later wins "
+    "[default: tests/lab/site_lab_vars.yml and tests/lab/validate_lab_vars.yml].",
+)
 @_slot_option
-def up(hosts: int, name_prefix: str, packages: Path | None, slot: int) -> None:
+def up(
+    hosts: int, name_prefix: str, packages: Path | None, vars_files: tuple[Path, ...], slot: int
+) -> None:
     """Start fresh hosts (replacing a running lab in the same slot)."""
-    cfg = _config(hosts, name_prefix, slot, packages)
+    cfg = _config(hosts, name_prefix, slot, packages, vars_files or None)
     _require_lab()
     try:
         with slot_lock(cfg.lab_dir, cfg.slot):
@@ -92,6 +123,8 @@ def up(hosts: int, name_prefix: str, packages: Path | None, slot: int) -> None:
         click.echo(f"{h.name}\t{h.ip}")
     inv = Path(state.inventory_dir)
     click.echo(f"inventory: {inv / 'hosts.yml'}  (ansible-playbook -i {inv} ...)")
+    for path in cfg.vars_files:
+        click.echo(f"lab vars: {path}")
     click.echo("tear down: kvops lab down")
 
 

@@ -49,6 +49,10 @@ class LabConfig:
     lab_dir: Path = field(default_factory=default_lab_dir)
     inventory_dir: Path | None = None
     packages_spec: Path | None = None
+    # Inventory-source files whose gpu_hosts vars and hosts' vars go into the generated
+    # hosts.yml (the lab's role settings and its declarations for kvops validate); see
+    # inventory.read_declarations.
+    vars_files: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.slot <= MAX_SLOT:

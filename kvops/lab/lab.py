@@ -101,6 +101,10 @@ class Lab:
             unknown = sorted(set(mapping or {}) - set(names))
             if unknown:
                 raise LabError(f"{label} for hosts not in the lab: {', '.join(unknown)}")
+        try:  # before anything starts: a bad vars file must not leave a half-made lab
+            declarations = inventory.read_declarations(cfg.vars_files)
+        except ValueError as exc:
+            raise LabError(str(exc)) from exc
         if self.state_path.exists() or any(
             ns.startswith(cfg.netns_prefix) for ns in net.list_netns()
         ):
@@ -169,7 +173,13 @@ class Lab:
                 h.ip, self._procs.get(h.name), Path(h.dir) / "console.log", ready_timeout_s
             )
         clients = [inventory.ClientHost(h.name, h.ip, h.host_key) for h in state.hosts]
-        inventory.write_client_files(inv_dir, clients, host_vars=host_vars, group_vars=group_vars)
+        inventory.write_client_files(
+            inv_dir,
+            clients,
+            host_vars=host_vars,
+            group_vars=group_vars,
+            declarations=declarations,
+        )
         self._log(
             f"slot {cfg.slot}: {len(state.hosts)} hosts up in {time.monotonic() - started:.1f} s; "
             f"inventory {inv_dir / inventory.HOSTS_FILE}"

@@ -210,6 +210,7 @@ class LabSession:
         variants: Mapping[str, Mapping[str, str]] | None = None,
         host_vars: Mapping[str, Mapping[str, Any]] | None = None,
         group_vars: Mapping[str, Any] | None = None,
+        vars_files: tuple[Path, ...] = (),
     ) -> LabHosts:
         base = LabConfig()
         lab_dir = self._lab_dir or base.lab_dir
@@ -220,6 +221,7 @@ class LabSession:
             name_prefix=name_prefix,
             lab_dir=lab_dir,
             packages_spec=PACKAGES_SPEC,
+            vars_files=vars_files,
         )
         self._lab = Lab(cfg, log=lambda msg: print(f"lab: {msg}", file=sys.stderr))
         state = self._lab.up(variants=variants, host_vars=host_vars, group_vars=group_vars)

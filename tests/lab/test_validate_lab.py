@@ -21,6 +21,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,12 @@ from site_lab import (
     EXPORT,
     HERE,
     MOUNT_PATH,
+    SITE,
     SITE_VARS,
     converge_hosts,
     converged,
     explain,
+    recap,
     run_site,
 )
 
@@ -169,3 +172,26 @@ def test_validate_healthy_and_deliberately_wrong_hosts(lab: LabHosts, tmp_path: 
     assert "x86_64 Kernel Module" in wrong_items["nvidia_driver_version"]["stdout"]
     license_ = lab.ssh(WRONG, ["/usr/sbin/modinfo", "-F", "license", "nvidia"]).stdout.strip()
     assert license_ == "NVIDIA"
+
+
+def test_the_operator_path_needs_only_the_lab_inventory(
+    lab_factory: Callable[..., LabHosts],
+) -> None:
+    """`kvops lab up` writes the lab's vars files into hosts.yml, so the README's path works
+    with no other inventory source: site.yml converges, `kvops validate -i inventories/lab`
+    passes the host."""
+    lab = lab_factory(hosts=1, name_prefix="kvlab", vars_files=(SITE_VARS, VALIDATE_VARS))
+    [name] = lab.names
+    site = lab.ansible_playbook(SITE)
+    assert site.returncode == 0, explain(site)
+    assert recap(site)[name]["failed"] == 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvops", "validate", "-i", str(lab.inventory_path), "--json",
+         "--timeout", "90"],
+        capture_output=True, text=True, env=lab.env(), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+    report = json.loads(proc.stdout)
+    assert failed(report, name) == set()
+    for check_id in STACK_CHECKS:
+        assert {f["severity"] for f in by_check(report, name)[check_id]} == {"PASS"}, check_id

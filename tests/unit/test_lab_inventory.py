@@ -14,6 +14,7 @@ from kvops.lab.errors import LabError
 from kvops.lab.inject import render_variant
 from kvops.lab.inventory import (
     ClientHost,
+    read_declarations,
     render_hosts_yml,
     render_known_hosts,
     render_ssh_config,
@@ -129,3 +130,40 @@ def test_lab_subnet_conflicts_are_found_on_other_interfaces_only() -> None:
     )
     assert address_conflicts(out, "kvopsbr0", "10.200.0.") == ["eth0 10.200.0.5/16"]
     assert address_conflicts(out, "kvopsbr2", "10.200.2.") == []
+
+
+LAB_TESTS = Path(__file__).resolve().parents[1] / "lab"
+
+
+def test_lab_vars_files_go_into_hosts_yml_for_hosts_of_this_lab_only() -> None:
+    """`kvops lab up` reads tests/lab's two vars files: `-i inventories/lab` alone carries
+    the role settings (per host too) and the declarations kvops validate needs."""
+    declared = read_declarations(
+        [LAB_TESTS / "site_lab_vars.yml", LAB_TESTS / "validate_lab_vars.yml"]
+    )
+    assert declared.group_vars["nfs_rdma_mount_export_address"] == "192.0.2.50"
+    assert declared.group_vars["kvops_role"] == "none"
+    assert declared.host_vars["kvlab-2"]["rdma_client_stack"] == "doca-ofed"
+    text = render_hosts_yml(
+        HOSTS[:1],
+        key_path=KEY,
+        known_hosts=KNOWN,
+        host_vars={"kvlab-1": {"rdma_client_stack": "doca-ofed"}},
+        declarations=declared,
+    )
+    group = yaml.safe_load(text)["all"]["children"]["gpu_hosts"]
+    assert group["vars"]["kvops_gds_dir"] == "/mnt/kvcache/gds"
+    assert list(group["hosts"]) == ["kvlab-1"]  # kvlab-2 is declared, but not in this lab
+    assert group["hosts"]["kvlab-1"]["rdma_client_stack"] == "doca-ofed"  # explicit wins
+
+
+def test_later_vars_file_wins_and_a_malformed_one_is_named(tmp_path: Path) -> None:
+    first, second, bad = tmp_path / "a.yml", tmp_path / "b.yml", tmp_path / "bad.yml"
+    first.write_text("all:\n  children:\n    gpu_hosts:\n      vars: {x: 1, y: 1}\n")
+    second.write_text("all:\n  children:\n    gpu_hosts:\n      vars: {y: 2}\n")
+    assert read_declarations([first, second]).group_vars == {"x": 1, "y": 2}
+    bad.write_text("gpu_hosts:\n  vars: {x: 1}\n")
+    with pytest.raises(ValueError, match=r"bad\.yml.*all\.children\.gpu_hosts"):
+        read_declarations([bad])
+    with pytest.raises(ValueError, match=r"missing\.yml"):
+        read_declarations([tmp_path / "missing.yml"])
