@@ -100,6 +100,9 @@ NVFS_VERSION = "nvfs_version"
 NVFS_STATS = "nvfs_stats"
 NVFS_PARAMS = "nvfs_params"
 INFINIBAND = "infiniband"
+IBDEV2NETDEV = "ibdev2netdev"
+SHOW_GIDS = "show_gids"
+NVIDIA_SMI_TOPO = "nvidia_smi_topo"
 IP_ADDR = "ip_addr"
 MOUNTS = "mounts"
 CMDLINE = "cmdline"
@@ -146,6 +149,19 @@ ITEM_SOURCES: dict[str, str] = {
         "[{'port': 1, 'state': '4: ACTIVE', 'phys_state': '5: LinkUp', 'rate': "
         "'200 Gb/sec (4X HDR)', 'link_layer': 'Ethernet', 'netdevs': ['ens1f0np0']}]}]}; "
         "netdevs from /sys/class/infiniband/<dev>/device/net/*. Empty list: no RDMA device."
+    ),
+    IBDEV2NETDEV: (
+        "command ['ibdev2netdev'] (MLNX/DOCA-OFED mlnx-tools): 'mlx5_0 port 1 ==> ens1f0np0 "
+        "(Up)' per RDMA port (parsed by kvops.parse.rdma_tools); exit 127 without the tool."
+    ),
+    SHOW_GIDS: (
+        "command ['show_gids'] (MLNX/DOCA-OFED): GID table 'DEV PORT INDEX GID IPv4 VER DEV' "
+        "with RoCE v1/v2 per GID, ending 'n_gids_found=N' (parsed by kvops.parse.rdma_tools)."
+    ),
+    NVIDIA_SMI_TOPO: (
+        "command ['nvidia-smi', 'topo', '-mp'] (GPU/NIC PCIe link matrix, CPU/NUMA affinity, "
+        "NIC Legend; parsed by kvops.parse.topo). Not run, with `error` set, when the "
+        "nvidia_smi item timed out (a hung driver would only spend the budget again)."
     ),
     IP_ADDR: (
         "command ['ip', '-j', 'addr', 'show'] (JSON, iproute2 >= 4.13); a probe may fall "

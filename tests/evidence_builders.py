@@ -3,11 +3,16 @@ and for the saved bundles under tests/fixtures/evidence/ (`--from-evidence` test
 
 Which parts are recorded and which are made up here:
 - recorded verbatim: gdscheck -p, gdsio result lines, nvidia-fs stats, the ONTAP NFS/RDMA
-  mount line, the default cufile.json template (see each fixture folder's README).
+  mount line, the default cufile.json template (see each fixture folder's README); the
+  L40S `nvidia-smi topo -mp` (GPU0 NODE to every NIC) of the `nic-across-host-bridge` host.
 - derived from a recording by a stated text edit: cufile.json with allow_compat_mode false,
-  nvidia-fs stats after a bench (counters raised), a TCP-fallback mount line.
+  nvidia-fs stats after a bench (counters raised), a TCP-fallback mount line; `nvidia-smi
+  topo -mp` with GPU0 moved under the PCIe switch of NIC1-NIC9 (its NODE links to them made
+  PIX); `show_gids` with its IPv4 GIDs moved from 192.168.10.2 to the mount's clientaddr
+  192.168.10.30 (the two recordings come from different pods of the same cluster).
 - synthetic (no public recording was found): nvidia-smi CSV, /proc/driver/nvidia/version,
-  /proc/modules, sysfs infiniband/IOMMU data, `ip -o addr`, the vLLM unit/env/process, the
+  /proc/modules, sysfs infiniband/IOMMU data, `ip -o addr`, `ibdev2netdev` (one line in the
+  recorded format for the sysfs model's mlx5_3/net1), the vLLM unit/env/process, the
   LMCache YAML, HTTP bodies and the GDS directory summary. They follow the formats named in
   kvops/evidence.py ITEM_SOURCES and are marked `"synthetic": true` in the item.
 
@@ -117,6 +122,29 @@ def _nvfs_after_bench() -> str:
     return text.replace("Writes : n=0 ok=0", "Writes : n=312794 ok=312794")
 
 
+TOPO_FIXTURE = "misc/nvidia-smi-topo-mp-l40s-r760xa.txt"
+SHOW_GIDS_FIXTURE = "misc/show_gids-mlx5.txt"
+
+
+def _topo_gpu_under_nic_switch() -> str:
+    """The recorded L40S matrix with GPU0 behind the switch NIC1-NIC9 share (PIX), the
+    placement GDS wants; NIC0 stays NODE."""
+    out = []
+    for line in fixture(TOPO_FIXTURE).splitlines(keepends=True):
+        fields = line.split("\t")
+        if fields[0] == "GPU0":
+            fields[3:12] = ["PIX"] * 9
+        elif fields[0] in {f"NIC{n}" for n in range(1, 10)}:
+            fields[1] = "PIX"
+        out.append("\t".join(fields))
+    return "".join(out)
+
+
+def _show_gids_at_clientaddr() -> str:
+    text = fixture(SHOW_GIDS_FIXTURE).replace("c0a8:0a02", "c0a8:0a1e")
+    return text.replace("192.168.10.2 ", "192.168.10.30")
+
+
 def healthy() -> dict[str, Any]:
     """The NetApp ONTAP NFSv4.1/RDMA host (L40S, OpenShift recording) set up as kvops wants."""
     gdsio = fixture("gdsio/openshift-l40s-netapp-nfs-rdma.txt").splitlines()
@@ -153,6 +181,8 @@ def healthy() -> dict[str, Any]:
                 ]
             },
         ),
+        "ibdev2netdev": command(["ibdev2netdev"], "mlx5_3 port 1 ==> net1 (Up)\n", synthetic=True),
+        "show_gids": command(["show_gids"], _show_gids_at_clientaddr()),
         "ip_addr": command(
             ["ip", "-o", "addr", "show"],
             "1: lo    inet 127.0.0.1/8 scope host lo\n"
@@ -164,6 +194,7 @@ def healthy() -> dict[str, Any]:
             "/proc/cmdline", "BOOT_IMAGE=(hd0,gpt2)/vmlinuz root=/dev/sda3 ro\n", synthetic=True
         ),
         "iommu": data_item("sysfs", "/sys/kernel/iommu_groups", {"group_count": 0}),
+        "nvidia_smi_topo": command(["nvidia-smi", "topo", "-mp"], _topo_gpu_under_nic_switch()),
         "cufile_json": file_item("/etc/cufile.json", _cufile()),
         "gdscheck": command(
             ["/usr/local/cuda/gds/tools/gdscheck", "-p"],
@@ -312,6 +343,15 @@ def wrong_lmcache_buffer_key() -> dict[str, Any]:
     return _variant("wrong-lmcache-buffer-key", edit)
 
 
+def nic_across_host_bridge() -> dict[str, Any]:
+    """The recorded R760xa matrix as it is: GPU0 reaches every NIC only through NODE."""
+
+    def edit(items: dict[str, Any]) -> None:
+        items["nvidia_smi_topo"]["stdout"] = fixture(TOPO_FIXTURE)
+
+    return _variant("nic-across-host-bridge", edit)
+
+
 def unreachable() -> dict[str, Any]:
     return {
         "schema_version": 1,
@@ -331,6 +371,7 @@ BUNDLE: dict[str, Callable[[], dict[str, Any]]] = {
     "proprietary-driver": proprietary_driver,
     "misspelled-cufile-key": misspelled_cufile_key,
     "wrong-lmcache-buffer-key": wrong_lmcache_buffer_key,
+    "nic-across-host-bridge": nic_across_host_bridge,
 }
 
 

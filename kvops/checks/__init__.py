@@ -16,6 +16,7 @@ from kvops.checks import (
     lmcache,
     nvidia_fs,
     rdma_mount,
+    rdma_path,
     storage_bench,
     vllm,
 )
@@ -29,6 +30,7 @@ ALL_CHECKS: list[Check] = [
     *driver.CHECKS,
     *nvidia_fs.CHECKS,
     *rdma_mount.CHECKS,
+    *rdma_path.CHECKS,
     *cufile.CHECKS,
     *gds_platform.CHECKS,
     *storage_bench.CHECKS,

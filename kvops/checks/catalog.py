@@ -90,6 +90,21 @@ _ROWS = [
         "Check cabling/switch and `ibdev2netdev`; bring the RDMA port up.",
     ),
     (
+        "GDS-027",
+        "rdma_mount",
+        "RDMA port carrying the NFS/RDMA mount is up",
+        "Bring up the port that holds the mount's clientaddr (cabling, switch port, "
+        "`ip link set <netdev> up`), or move the address to an RDMA port that is up and remount.",
+    ),
+    (
+        "GDS-028",
+        "rdma_mount",
+        "RoCE v2 GID for each RDMA IPv4 address",
+        "Use RoCE v2 (ONTAP NFS/RDMA runs RoCE v2 on ConnectX-5/6): firmware and driver with "
+        "RoCE v2 enabled until `show_gids` lists a v2 GID for the address, and "
+        "`cma_roce_mode -d <dev> -p <port> -m 2` where rdma_cm defaults to v1.",
+    ),
+    (
         "GDS-030",
         "cufile",
         "cufile.json present and parses",
@@ -137,6 +152,15 @@ _ROWS = [
         "gds_platform",
         "IOMMU off or pass-through",
         "Boot with intel_iommu=off/amd_iommu=off (or iommu=pt) and disable PCIe ACS.",
+    ),
+    (
+        "GDS-043",
+        "gds_platform",
+        "GPU and an RDMA NIC under the same PCIe switch",
+        "Give each GPU an RDMA NIC under its PCIe switch (nvidia-smi topo -mp: PIX or PXB), "
+        "e.g. by moving the NIC to a slot behind the GPU's switch; where the platform has "
+        "none, set properties.rdma_dynamic_routing true and list the nearest NICs' addresses "
+        "in fs.nfs.rdma_dev_addr_list (or fs.nfs.mount_table.<mount>.rdma_dev_addr_list).",
     ),
     (
         "GDS-050",

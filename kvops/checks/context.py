@@ -17,6 +17,8 @@ from kvops.parse.ip_addr import parse_ip_addr
 from kvops.parse.lmcache_config import LmcacheConfig, effective_lmcache_config
 from kvops.parse.mounts import MountTable, parse_mounts
 from kvops.parse.nvfs_stats import NvfsStats, parse_nvfs_stats
+from kvops.parse.rdma_tools import GidTable, RdmaNetdevMap, parse_ibdev2netdev, parse_show_gids
+from kvops.parse.topo import TopoMatrix, parse_topo
 
 _RATE = re.compile(r"(\d+(?:\.\d+)?)\s*Gb/sec")
 
@@ -28,6 +30,7 @@ class RdmaPort:
     state: str
     rate_gbit_s: float | None
     netdevs: list[str]
+    link_layer: str = ""  # "Ethernet" (RoCE) or "InfiniBand"; "" when not recorded
 
     @property
     def active(self) -> bool:
@@ -125,9 +128,36 @@ class Context:
                         state=str(port.get("state") or ""),
                         rate_gbit_s=float(rate.group(1)) if rate else None,
                         netdevs=[str(n) for n in netdevs] if isinstance(netdevs, list) else [],
+                        link_layer=str(port.get("link_layer") or ""),
                     )
                 )
         return ports
+
+    @cached_property
+    def ibdev2netdev(self) -> RdmaNetdevMap | None:
+        text = self.text(ev.IBDEV2NETDEV)
+        return parse_ibdev2netdev(text) if text is not None else None
+
+    @cached_property
+    def show_gids(self) -> GidTable | None:
+        text = self.text(ev.SHOW_GIDS)
+        return parse_show_gids(text) if text is not None else None
+
+    @cached_property
+    def topo(self) -> TopoMatrix | None:
+        text = self.text(ev.NVIDIA_SMI_TOPO)
+        return parse_topo(text) if text is not None else None
+
+    @cached_property
+    def down_rdma_devices(self) -> set[str]:
+        """RDMA devices with no port up by either source (sysfs state, ibdev2netdev): they
+        carry no traffic, so placement judgements leave them out."""
+        states: dict[str, bool] = {}
+        for port in self.rdma_ports or []:
+            states[port.device] = states.get(port.device, False) or port.active
+        for link in self.ibdev2netdev.links if self.ibdev2netdev else []:
+            states[link.device] = states.get(link.device, False) or link.up
+        return {device for device, up in states.items() if not up}
 
     @cached_property
     def interface_addresses(self) -> dict[str, list[str]] | None:

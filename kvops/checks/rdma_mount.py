@@ -12,6 +12,8 @@ from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, finding
 from kvops.parse.mounts import Mount
 
+RDMA_PROTOS = frozenset({"rdma", "rdma6"})
+
 
 def gds_mount(ctx: Context) -> Mount | None:
     table = ctx.mounts
@@ -53,7 +55,7 @@ def check_proto_rdma(ctx: Context) -> list[Finding]:
     if isinstance(mount, Finding):
         return [mount]
     proto = mount.proto
-    if proto in {"rdma", "rdma6"}:
+    if proto in RDMA_PROTOS:
         return [finding("GDS-021", Severity.PASS, f"proto={proto}", _line(mount))]
     msg = f"NFS over {proto or 'tcp (no proto option)'}, not RDMA: GDS cannot DMA to the GPU"
     return [finding("GDS-021", Severity.FAIL, msg, _line(mount))]
@@ -108,7 +110,7 @@ def check_rpcrdma(ctx: Context) -> list[Finding]:
 def check_rdma_port(ctx: Context) -> list[Finding]:
     ports = ctx.rdma_ports
     if ports is None:
-        return [ctx.skip("GDS-026", ev.INFINIBAND)]
+        return [_rdma_port_from_ibdev2netdev(ctx)]
     lines = "\n".join(
         f"{p.device} port {p.port} {p.state} {p.rate_gbit_s} Gb/s {','.join(p.netdevs)}"
         for p in ports
@@ -119,6 +121,28 @@ def check_rdma_port(ctx: Context) -> list[Finding]:
     if not active:
         return [finding("GDS-026", Severity.FAIL, "no RDMA port is ACTIVE", lines)]
     return [finding("GDS-026", Severity.PASS, f"{len(active)}/{len(ports)} ports active", lines)]
+
+
+def _rdma_port_from_ibdev2netdev(ctx: Context) -> Finding:
+    """GDS-026 from `ibdev2netdev` when the sysfs tree could not be read (older evidence, a
+    permission error): the same question, answered by the other source."""
+    table = ctx.ibdev2netdev
+    if table is None:
+        return ctx.skip("GDS-026", ev.INFINIBAND, ev.IBDEV2NETDEV)
+    source = f"per ibdev2netdev ({ctx.problem(ev.INFINIBAND)})"
+    links = table.links
+    lines = "\n".join(
+        f"{k.device} port {k.port} ==> {k.netdev or 'N/A'} ({k.state})" for k in links
+    )
+    if not links and (ctx.text(ev.IBDEV2NETDEV) or "").strip():
+        msg = f"ibdev2netdev output not understood: {'; '.join(table.warnings)}"
+        return finding("GDS-026", Severity.WARN, msg)
+    if not links:
+        return finding("GDS-026", Severity.FAIL, f"no RDMA device {source}")
+    up = [k for k in links if k.up]
+    if not up:
+        return finding("GDS-026", Severity.FAIL, f"no RDMA port is Up {source}", lines)
+    return finding("GDS-026", Severity.PASS, f"{len(up)}/{len(links)} ports Up {source}", lines)
 
 
 CHECKS = [

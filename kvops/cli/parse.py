@@ -20,6 +20,8 @@ from kvops.parse.gdscheck import parse_gdscheck
 from kvops.parse.gdsio import parse_gdsio
 from kvops.parse.mounts import parse_mounts
 from kvops.parse.nvfs_stats import parse_nvfs_stats
+from kvops.parse.rdma_tools import parse_ibdev2netdev, parse_show_gids
+from kvops.parse.topo import parse_topo
 
 
 def _cufile(text: str) -> tuple[dict[str, Any], bool]:
@@ -40,6 +42,9 @@ PARSERS: dict[str, Callable[[str], tuple[dict[str, Any], bool]]] = {
     "nvfs-stats": _simple(parse_nvfs_stats),
     "cufile": _cufile,
     "mounts": _simple(parse_mounts),
+    "ibdev2netdev": _simple(parse_ibdev2netdev),
+    "show-gids": _simple(parse_show_gids),
+    "topo": _simple(parse_topo),
 }
 
 
@@ -66,11 +71,14 @@ def parse(tool: str, path: str) -> None:
     """Parse TOOL output from FILE (or - for stdin) and print it as JSON.
 
     \b
-    gdscheck    gdscheck -p           per-filesystem modes, platform, cuFile config
-    gdsio       gdsio result lines    one object per line (throughput_gib_s, ...)
-    nvfs-stats  /proc/driver/nvidia-fs/stats
-    cufile      cufile.json           values, unknown keys with suggestions, syntax error
-    mounts      /proc/mounts or `mount` output
+    gdscheck      gdscheck -p           per-filesystem modes, platform, cuFile config
+    gdsio         gdsio result lines    one object per line (throughput_gib_s, ...)
+    nvfs-stats    /proc/driver/nvidia-fs/stats
+    cufile        cufile.json           values, unknown keys with suggestions, syntax error
+    mounts        /proc/mounts or `mount` output
+    ibdev2netdev  ibdev2netdev [-v]     RDMA device, port, net device, Up/Down
+    show-gids     show_gids             GIDs with IPv4 and RoCE version, n_gids_found
+    topo          nvidia-smi topo -mp   GPUs, NICs (NIC Legend), link types, CPU/NUMA affinity
     """
     document, ok = PARSERS[tool](_read(path))
     click.echo(json.dumps(document, indent=2, sort_keys=True))

@@ -1,4 +1,5 @@
-"""Platform evidence: OS, kernel, GPU driver, modules, nvidia-fs, RDMA, addresses, mounts, IOMMU.
+"""Platform evidence: OS, kernel, GPU driver and PCIe topology, modules, nvidia-fs, RDMA ports
+and GID tables, addresses, mounts, IOMMU.
 
 Each function records raw text (or a structured summary of sysfs trees) under the item ids of
 `kvops.evidence`; judging what it means is the checks' job, on the client.
@@ -12,7 +13,7 @@ import os
 import time
 from typing import Any, Dict, List
 
-from .core import KIND_SYSFS, Probe, read_text
+from .core import KIND_COMMAND, KIND_SYSFS, Probe, read_text
 
 NVIDIA_SMI_QUERY = "--query-gpu=index,name,driver_version,persistence_mode,pci.bus_id,memory.total"
 
@@ -27,10 +28,31 @@ def collect_platform(p: Probe) -> None:
     p.file("nvfs_stats", "/proc/driver/nvidia-fs/stats")
     nvfs_params(p)
     infiniband(p)
+    # MLNX/DOCA-OFED tools: which net device each RDMA port carries (and its state), and the
+    # GID table with RoCE versions. A host without them records exit 127, like any tool.
+    p.command("ibdev2netdev", ["ibdev2netdev"])
+    p.command("show_gids", ["show_gids"])
     ip_addr(p)
     p.file("mounts", "/proc/mounts")
     p.file("cmdline", "/proc/cmdline")
     iommu(p)
+    nvidia_topo(p)  # last: slower than the reads above (seconds on a large box)
+
+
+def nvidia_topo(p: Probe) -> None:
+    """`nvidia-smi topo -mp`, unless the query above timed out: a hung driver would hang this
+    one too and spend the budget the rest of the evidence needs."""
+    argv = ["nvidia-smi", "topo", "-mp"]
+    smi = p.items.get("nvidia_smi") or {}
+    if smi.get("exit_code") is None and str(smi.get("error") or "").startswith("timed out"):
+        p.items["nvidia_smi_topo"] = {
+            "kind": KIND_COMMAND,
+            "source": argv,
+            "error": "skipped: nvidia-smi timed out on the GPU query (item nvidia_smi)",
+            "duration_s": 0.0,
+        }
+        return
+    p.command("nvidia_smi_topo", argv)
 
 
 def nvfs_params(p: Probe) -> None:

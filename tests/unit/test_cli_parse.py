@@ -61,3 +61,31 @@ def test_unreadable_file_is_a_clear_error_without_traceback(tmp_path: Path) -> N
     assert proc.returncode == 2
     assert "Could not open file" in proc.stderr and "No such file" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_rdma_tools_and_topo_subcommands() -> None:
+    code, out = run("ibdev2netdev", str(FIXTURES / "misc/ibdev2netdev-dgx-a100-nvidia-docs.txt"))
+    links = json.loads(out)["links"]
+    assert code == 0 and len(links) == 12
+    assert {"device": "mlx5_10", "netdev": "ibp225s0f0", "state": "Down", "up": False}.items() <= (
+        links[2].items()
+    )
+    code, out = run("show-gids", str(FIXTURES / "misc/show_gids-mlx5.txt"))
+    gids = json.loads(out)
+    assert code == 0 and gids["n_gids_found"] == 4
+    assert (gids["gids"][3]["ipv4"], gids["gids"][3]["version"]) == ("192.168.10.2", "v2")
+    text = (FIXTURES / "misc/nvidia-smi-topo-mp-l40s-r760xa.txt").read_text()
+    code, out = run("topo", "-", stdin=text)
+    topo = json.loads(out)
+    assert code == 0 and topo["gpus"] == ["GPU0"] and topo["nic_names"]["NIC1"] == "mlx5_1"
+    assert topo["links"]["GPU0"]["NIC1"] == "NODE" and topo["warnings"] == []
+
+
+def test_truncated_topo_still_exits_0_with_warnings() -> None:
+    code, out = run("topo", "-", stdin="\tGPU0\tNIC0\nGPU0\t X \tPIX\n")
+    topo = json.loads(out)
+    assert code == 0 and topo["links"]["GPU0"]["NIC0"] == "PIX"
+    assert topo["warnings"] == [
+        "no row for NIC0 (output truncated?)",
+        "NIC Legend missing NIC0: RDMA device names unknown (truncated?)",
+    ]

@@ -17,6 +17,8 @@ from kvops.parse.lmcache_config import effective_lmcache_config
 from kvops.parse.mounts import parse_mounts
 from kvops.parse.nvfs_stats import parse_nvfs_stats
 from kvops.parse.nvidia_smi import parse_nvidia_proc_version, parse_nvidia_smi_csv
+from kvops.parse.rdma_tools import parse_ibdev2netdev, parse_show_gids
+from kvops.parse.topo import parse_topo
 
 PARSERS: list[Callable[[str], Any]] = [
     parse_cufile,
@@ -27,13 +29,18 @@ PARSERS: list[Callable[[str], Any]] = [
     parse_nvfs_stats,
     parse_nvidia_proc_version,
     parse_nvidia_smi_csv,
+    parse_ibdev2netdev,
+    parse_show_gids,
+    parse_topo,
     lambda text: effective_lmcache_config(text, {"LMCACHE_" + text[:8].upper(): text}),
 ]
 # Text built from the tokens these formats are made of, so inputs get past the first checks.
 TOKENS = st.sampled_from(
     [":", "=", ",", "\n", "\t", " ", "{", "}", "[", "]", '"', "//", "GPU ", "IoType:",
      "NFS", "Reads", "n=", "Throughput:", "1", "x", "nfs4", "/", "inet", "- ", "Platform",
-     ".", " GiB/sec", "XferType:", "GPU index 0 x bar:1 bar size (MiB):"]
+     ".", " GiB/sec", "XferType:", "GPU index 0 x bar:1 bar size (MiB):", " port 1 ",
+     " ==> ", "(Up)", "mlx5_0", "GPU0", "NIC0", " X ", "PIX", "NV4", "Legend:",
+     "NIC Legend:", "NIC0: ", "CPU Affinity", "n_gids_found=", "v2", "192.168.0.1", "0000:"]
 )  # fmt: skip
 
 
