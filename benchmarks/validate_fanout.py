@@ -6,9 +6,15 @@ against one host measured in the same run. Target: 32 hosts under 2x the time of
 
 Caveat printed with the result: here every "host" shares this machine's CPUs, so 32 probes
 compete for the same cores (real hosts run their probes on their own CPUs); the client-side
-CPU time is printed too, since that is the part a real fan-out shares.
+CPU time is printed too, since that is the part a real fan-out shares, and the hosts' CPU per
+host (sshd, shell, `timeout`, the probe's Python and the tools it runs).
 
-    python benchmarks/validate_fanout.py [--sizes 1,8,32] [--repeat 3]
+Each measured run starts like a fresh `kvops validate`: the client's per-run caches (parsed
+known_hosts, loaded private key) are cleared first. Sizes are interleaved within each repeat,
+so load from other processes drifts over all sizes alike; the load average is printed.
+
+    python benchmarks/validate_fanout.py [--sizes 1,8,32] [--repeat 3] [--key-type rsa]
+                                         [--known-hosts-others 1000]
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "tests" / "doubl
 from local_sshd import keygen, sshd_available, start_sshd  # noqa: E402
 from recorded_host_double import TOOLS_DOUBLE_DIR, build_recorded_tree  # noqa: E402
 
+from kvops import ssh  # noqa: E402
 from kvops.hosts import probe_config, probe_fleet  # noqa: E402
 from kvops.inventory import InventoryHost, probe_options, probe_settings  # noqa: E402
 from kvops.ssh import SshOptions  # noqa: E402
@@ -53,11 +60,51 @@ def _tree_cpu_s(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def _wait_reaped(pids: list[int], limit_s: float = 5.0) -> None:
+    """Wait until the listeners have reaped their finished sessions: a session's CPU shows in
+    the listener's cutime only then (a client that hung up is ahead of sshd's SIGCHLD)."""
+    wanted = {str(p) for p in pids}
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        busy = False
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                ppid = stat.read_text().rsplit(")", 1)[1].split()[1]
+            except (OSError, IndexError):
+                continue
+            if ppid in wanted:
+                busy = True
+                break
+        if not busy:
+            return
+        time.sleep(0.01)
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds all processes on this machine have used (/proc/stat: all but idle, iowait)."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    busy = sum(fields[:8]) - fields[3] - fields[4]  # user..steal, less idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,8,32")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--key-type",
+        default="ed25519",
+        choices=["ed25519", "ecdsa", "rsa"],
+        help="client key type (loading an RSA key is the costly one)",
+    )
+    parser.add_argument(
+        "--known-hosts-others",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N entries of other hosts in known_hosts, like an operator's long-lived file",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if not sshd_available():
@@ -66,7 +113,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kvops-fanout-") as tmp:
         work = Path(tmp)
         client_key = work / "client_key"
-        authorized = keygen(client_key)
+        authorized = keygen(client_key, args.key_type)
         host_key = work / "host_key"  # one key for all servers: generation is not measured
         keygen(host_key)
         gds = work / "gds"
@@ -75,7 +122,13 @@ def main() -> int:
         servers = [start_sshd(work / f"s{i}", [authorized], host_key) for i in range(max(sizes))]
         try:
             known = work / "known_hosts"
-            known.write_text("".join(s.known_hosts_line for s in servers))
+            others = [
+                f"[10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}]:22 "
+                + " ".join(servers[0].host_key_line.split()[:2])
+                + "\n"
+                for i in range(args.known_hosts_others)
+            ]
+            known.write_text("".join(others + [s.known_hosts_line for s in servers]))
             hosts = [
                 InventoryHost(
                     f"h{i:02d}",
@@ -98,33 +151,51 @@ def main() -> int:
                 for h in hosts
             }
             probe_fleet(hosts[:1], configs, opts, forks=1)  # warm-up (imports, page cache)
-            rows = []
-            for n in sizes:
-                walls, cpus, busy = [], [], []
-                pids = [s.proc.pid for s in servers[:n]]
-                for _ in range(args.repeat):
-                    cpu0, busy0, t0 = _cpu_s(), _tree_cpu_s(pids), time.perf_counter()
+            load_before = os.getloadavg()[0]
+            runs: dict[int, list[tuple[float, float, float, float]]] = {n: [] for n in sizes}
+            for _ in range(args.repeat):
+                for n in sizes:
+                    pids = [s.proc.pid for s in servers[:n]]
+                    clear = getattr(ssh, "clear_caches", None)
+                    if clear is not None:
+                        clear()  # a fresh run parses known_hosts and loads its key once
+                    _wait_reaped(pids)
+                    all0, cpu0, busy0 = _machine_busy_s(), _cpu_s(), _tree_cpu_s(pids)
+                    t0 = time.perf_counter()
                     results = probe_fleet(hosts[:n], configs, opts, forks=n)
-                    walls.append(time.perf_counter() - t0)
-                    cpus.append(_cpu_s() - cpu0)
-                    busy.append(_tree_cpu_s(pids) - busy0)
+                    wall = time.perf_counter() - t0
+                    cpu, all1 = _cpu_s() - cpu0, _machine_busy_s()
+                    _wait_reaped(pids)
+                    busy = _tree_cpu_s(pids) - busy0
+                    others = max(0.0, all1 - all0 - cpu - busy)  # the hosts' tail is not others'
+                    runs[n].append((wall, cpu, busy, others))
                     bad = [r for r in results if not r.ok]
                     if bad:
                         print(f"validate_fanout: {bad[0].host}: {bad[0].status} {bad[0].reason}")
                         return 1
-                rows.append(
-                    (n, statistics.median(walls), statistics.median(cpus), statistics.median(busy))
-                )
+            rows = [
+                (n, *(statistics.median(r[i] for r in runs[n]) for i in range(4))) for n in sizes
+            ]
         finally:
             for s in servers:
                 s.stop()
     base = rows[0][1]
     ncpu = os.cpu_count() or 1
-    print(f"validate fan-out, forks = hosts, median of {args.repeat} runs")
-    print(f"{'hosts':>6} {'wall_s':>8} {'ratio_vs_1':>11} {'client_cpu_s':>13} {'hosts_cpu_s':>12}")
-    for n, wall, cpu, busy in rows:
-        print(f"{n:>6} {wall:>8.2f} {wall / base:>11.2f} {cpu:>13.2f} {busy:>12.2f}")
-    n, wall, cpu, busy = rows[-1]
+    print(
+        f"validate fan-out, forks = hosts, median of {args.repeat} runs, {args.key_type} client "
+        f"key, {args.known_hosts_others + len(servers)} known_hosts lines, load average "
+        f"{load_before:.2f} before the runs"
+    )
+    print(
+        f"{'hosts':>6} {'wall_s':>8} {'ratio_vs_1':>11} {'client_cpu_s':>13} {'hosts_cpu_s':>12} "
+        f"{'host_cpu_ms_each':>17} {'others_cpu_s':>13}"
+    )
+    for n, wall, cpu, busy, others in rows:
+        print(
+            f"{n:>6} {wall:>8.2f} {wall / base:>11.2f} {cpu:>13.2f} {busy:>12.2f} "
+            f"{busy / n * 1000:>17.0f} {others:>13.2f}"
+        )
+    n, wall, cpu, busy, others = rows[-1]
     floor = (cpu + busy) / ncpu
     verdict = "met" if wall / base < 2 else "NOT met"
     print(f"target: {n} hosts in < 2x the time of one: {verdict} ({wall / base:.2f}x).")
@@ -132,7 +203,8 @@ def main() -> int:
         f"Here all {n} sshd 'hosts' share this machine's {ncpu} CPUs with the client (and any "
         f"other load): their {cpu + busy:.1f} CPU-s need >= {floor:.1f} s of wall time, so "
         f"{n} hosts cannot beat {floor / base:.2f}x here. On real hosts each probe uses its "
-        "own CPUs; only client_cpu_s is shared."
+        "own CPUs; only client_cpu_s is shared. others_cpu_s: what other processes used on "
+        "this machine during the run (approximate)."
     )
     return 0
 

@@ -29,7 +29,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from kvops import __version__
 from kvops.evidence import SCHEMA_VERSION, Evidence
 from kvops.inventory import InventoryHost
-from kvops.probe.bundle import build_program
+from kvops.probe.bundle import INTERPRETER_ARGS, build_program
 from kvops.ssh import HostKeyRefused, SshOptions, fingerprint, known_hosts_for, run_ssh
 
 OK = "ok"
@@ -73,7 +73,7 @@ def _run_local(
     host: InventoryHost, program: str, opts: SshOptions
 ) -> tuple[int | None, bytes, bytes]:
     """`ansible_connection: local`: the same program under the local interpreter."""
-    argv = [host.python, "-"]
+    argv = [host.python, *INTERPRETER_ARGS]
     if host.become and os.geteuid() != 0:
         argv = ["sudo", "-n", "-u", host.become_user, "--", *argv]
     try:

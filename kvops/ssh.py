@@ -7,14 +7,23 @@ Why it looks like this:
   whatever the policy, and the message names both fingerprints.
 - Jump hosts (`-J`/`ProxyJump`) are SSH clients in their own right, verified the same way, and
   each hop is a direct-tcpip channel of the previous one; `ProxyCommand` is paramiko's.
-- The program goes in on stdin (`python3 -`), under the remote `timeout` command, so nothing is
-  written on the host and a probe the client gave up on is reaped there.
+- The program goes in on stdin (`python3 -S -`), under the remote `timeout` command, so nothing
+  is written on the host and a probe the client gave up on is reaped there.
 - sudo is driven the way Ansible does it: a unique prompt on stderr means "send the password", a
   unique marker on stdout means "sudo is done, send the program".
+- A fleet run shares what does not change between hosts: each known_hosts file is parsed once
+  and each unencrypted private key file loaded once per run (again only if the file changes).
+  Both would otherwise cost CPU per host: paramiko's known_hosts parse is quadratic in its
+  lines (~0.14 s for 1000 lines) and loading an RSA key ~0.15 s (cryptography's key check).
+  Verification is unchanged: each host's client gets exactly the known_hosts entries paramiko
+  would have looked up for it, and the key is the same key.
+- Waiting on a channel blocks (select on the channel, then on its exit status once all output
+  is in); nothing sleeps or spins.
 """
 
 from __future__ import annotations
 
+import errno
 import getpass
 import logging
 import os
@@ -23,17 +32,20 @@ import shlex
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import paramiko
 
 from kvops.inventory import InventoryHost
+from kvops.probe.bundle import INTERPRETER_ARGS
 
 logging.getLogger("paramiko").addHandler(logging.NullHandler())  # no auth chatter on stderr
 
 MAX_OUTPUT = 64 * 1024 * 1024
+T = TypeVar("T")
 
 
 class HostKeyRefused(paramiko.SSHException):
@@ -57,6 +69,100 @@ def known_hosts_for(host: InventoryHost, opts: SshOptions) -> Path:
     if opts.known_hosts is not None:
         return opts.known_hosts
     return Path(host.known_hosts_file or "~/.ssh/known_hosts").expanduser()
+
+
+class _FileCache(Generic[T]):
+    """Values derived from a file, recomputed only when the file changes (inode, size, mtime).
+
+    One lock: 32 threads that ask at once cause one parse, not 32."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, tuple[tuple[int, int, int], T]] = {}
+
+    def get(self, path: str, make: Callable[[], T]) -> T:
+        st = os.stat(path)
+        sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            hit = self._values.get(path)
+            if hit is not None and hit[0] == sig:
+                return hit[1]
+            value = make()
+            self._values[path] = (sig, value)
+            return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+
+_NO_FILE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
+_KNOWN_HOSTS: _FileCache[paramiko.HostKeys] = _FileCache()
+_PRIVATE_KEYS: _FileCache[paramiko.PKey | None] = _FileCache()
+# The classes paramiko's SSHClient tries, in its order, for a key_filename (DSS is gone in 4.x).
+_KEY_CLASSES: tuple[Any, ...] = tuple(
+    cls
+    for cls in (
+        paramiko.RSAKey,
+        getattr(paramiko, "DSSKey", None),
+        paramiko.ECDSAKey,
+        paramiko.Ed25519Key,
+    )
+    if cls is not None
+)
+
+
+def clear_caches() -> None:
+    """Forget parsed known_hosts files and loaded keys (the next host reads them again)."""
+    _KNOWN_HOSTS.clear()
+    _PRIVATE_KEYS.clear()
+
+
+def _known_host_entries(path: Path, name: str) -> list[tuple[str, paramiko.PKey]]:
+    """(key type, key) of `name` in the known_hosts file, in file order (what paramiko's
+    lookup gives: the first key of each type, hashed host names included); [] if none."""
+    try:
+        parsed = _KNOWN_HOSTS.get(str(path), lambda: _parse_known_hosts(path))
+    except OSError as exc:
+        if exc.errno in _NO_FILE:  # what Path.exists() calls absent: no known keys
+            return []
+        raise
+    found = parsed.lookup(name)
+    if found is None:
+        return []
+    return [(keytype, found[keytype]) for keytype in dict.fromkeys(found.keys())]
+
+
+def _parse_known_hosts(path: Path) -> paramiko.HostKeys:
+    keys = paramiko.HostKeys()
+    keys.load(str(path))
+    return keys
+
+
+def _private_key(path: str) -> paramiko.PKey | None:
+    """The unencrypted key (and its `-cert.pub`) paramiko would load from `path`, loaded once
+    per run. None when it needs a passphrase or cannot be loaded: then paramiko gets the file
+    as before (with ansible_password as the passphrase), host by host; no secret is cached."""
+
+    def load() -> paramiko.PKey | None:
+        suffix = "-cert.pub"
+        key_path, cert_path = (
+            (path[: -len(suffix)], path) if path.endswith(suffix) else (path, path + suffix)
+        )
+        for cls in _KEY_CLASSES:
+            try:
+                key: paramiko.PKey = cls.from_private_key_file(key_path, None)
+            except (paramiko.SSHException, ValueError):
+                continue
+            if os.path.isfile(cert_path):
+                key.load_certificate(cert_path)
+            return key
+        return None
+
+    try:
+        return _PRIVATE_KEYS.get(path, load)
+    except (OSError, paramiko.SSHException, ValueError):
+        return None
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -98,8 +204,9 @@ def _client(
 ) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     known = known_hosts_for(host, opts)
-    if known.exists():
-        client.get_host_keys().load(str(known))
+    name = address if port == 22 else f"[{address}]:{port}"  # paramiko's known_hosts name
+    for keytype, key in _known_host_entries(known, name):
+        client.get_host_keys().add(name, keytype, key)
     client.set_missing_host_key_policy(_KnownHostsPolicy(known, opts.accept_new_host_keys))
     try:
         _do_connect(client, host, address, port, user, timeout_s, sock)
@@ -125,12 +232,14 @@ def _do_connect(
     timeout_s: float,
     sock: Any,
 ) -> None:
+    pkey = _private_key(host.key_file) if host.key_file else None
     client.connect(
         address,
         port=port,
         username=user,
         password=host.password,
-        key_filename=host.key_file,
+        pkey=pkey,
+        key_filename=None if pkey is not None else host.key_file,
         allow_agent=True,
         look_for_keys=True,
         timeout=timeout_s,
@@ -169,12 +278,12 @@ def _connect(
 
 
 def remote_command(host: InventoryHost, timeout_s: float, marker: str, prompt: str) -> str:
-    """Shell command that runs `python -` under a remote `timeout` (reaps a hung probe)."""
-    py = shlex.quote(host.python)
+    """Shell command that runs `python -S -` under a remote `timeout` (reaps a hung probe)."""
+    py = " ".join(shlex.quote(word) for word in (host.python, *INTERPRETER_ARGS))
     limit = f"{int(timeout_s) + 5}"
     script = (
-        f"if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 {limit} {py} -; "
-        f"else exec {py} -; fi"
+        f"if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 {limit} {py}; "
+        f"else exec {py}; fi"
     )
     if host.become:
         script = f"echo {marker}; {script}"
@@ -208,8 +317,18 @@ def _become_handshake(
         if chan.exit_status_ready() and not chan.recv_ready():
             tail = err.decode("utf-8", "replace").strip()[-300:]
             raise PermissionError(f"become (sudo) failed on {host.name}: {tail}")
-        time.sleep(0.02)
+        _wait_for(chan, deadline - time.monotonic())
     raise TimeoutError("become (sudo) did not answer in time")
+
+
+def _wait_for(chan: paramiko.Channel, timeout_s: float) -> None:
+    """Block until the channel has output to read, or, once the host sent EOF (all output is
+    buffered and the channel's pipe stays readable for good), until its exit status came."""
+    timeout_s = min(max(timeout_s, 0.0), 0.5)
+    if chan.eof_received:
+        chan.status_event.wait(timeout_s)
+    else:
+        select.select([chan], [], [], timeout_s)
 
 
 def run_ssh(
@@ -236,7 +355,7 @@ def run_ssh(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"probe did not finish within {opts.timeout_s:.0f} s")
-            select.select([chan], [], [], min(remaining, 0.5))
+            _wait_for(chan, remaining)
             while chan.recv_ready():
                 out += chan.recv(1 << 20)
             while chan.recv_stderr_ready():

@@ -28,10 +28,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def keygen(path: Path) -> str:
-    """A new ed25519 key pair at `path`; returns the public key line."""
+def keygen(path: Path, kind: str = "ed25519") -> str:
+    """A new key pair (ed25519 unless `kind` says otherwise) at `path`; returns the public key
+    line."""
     subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "kvops-test", "-f", str(path)],
+        ["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "kvops-test", "-f", str(path)],
         check=True,
     )
     return path.with_suffix(".pub").read_text().strip()

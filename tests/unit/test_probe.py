@@ -28,7 +28,7 @@ from vllm_http_double import VllmHttpDouble
 
 from kvops import evidence as ev
 from kvops.probe import core
-from kvops.probe.bundle import build_program
+from kvops.probe.bundle import INTERPRETER_ARGS, build_program
 from kvops.probe.main import collect
 
 PY38 = Path.home() / ".pyenv/versions/3.8.18/bin/python3.8"
@@ -189,8 +189,13 @@ def test_outputs_are_bounded_and_marked_truncated(
 
 
 def _run_program(python: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The program as it is shipped: on stdin of `python -S -` (as over SSH and locally)."""
     proc = subprocess.run(
-        [python, "-"], input=build_program(config), capture_output=True, text=True, timeout=60
+        [python, *INTERPRETER_ARGS],
+        input=build_program(config),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -79,7 +81,7 @@ def test_probe_budget_sits_under_the_host_timeout() -> None:
 
 def test_remote_command_runs_python_on_stdin_under_a_remote_timeout() -> None:
     plain = remote_command(InventoryHost("h"), 30, "MARK", "PROMPT")
-    assert plain.startswith("/bin/sh -c ") and "timeout -k 5 35 python3 -" in plain
+    assert plain.startswith("/bin/sh -c ") and "timeout -k 5 35 python3 -S -;" in plain
     become = remote_command(
         InventoryHost("h", vars={"ansible_become": "true", "ansible_become_user": "svc"}),
         30,
@@ -91,12 +93,26 @@ def test_remote_command_runs_python_on_stdin_under_a_remote_timeout() -> None:
 
 
 class ChannelDouble:
-    """TEST DOUBLE of a paramiko Channel: scripted stdout/stderr, records what was sent."""
+    """TEST DOUBLE of a paramiko Channel: scripted stdout/stderr, records what was sent.
+
+    Its fileno() is always readable (the script is there at once), so waits never block."""
+
+    _readable: int | None = None
 
     def __init__(self, script: list[tuple[str, bytes]], exits: bool = False) -> None:
         self.script = script
         self.sent: list[bytes] = []
         self.exits = exits
+        self.eof_received = False
+        self.status_event = threading.Event()
+
+    def fileno(self) -> int:
+        if ChannelDouble._readable is None:
+            r, w = os.pipe()
+            os.write(w, b"x")
+            os.close(w)
+            ChannelDouble._readable = r
+        return ChannelDouble._readable
 
     def _next(self, stream: str) -> bool:
         return bool(self.script) and self.script[0][0] == stream
