@@ -10,12 +10,16 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvops.sim.costs import CostModel
-from kvops.sim.hashing import as_token_array, prefix_hashes
-from kvops.sim.kvcache import GpuKvCache
+from kvops.sim.hashing import PromptHasher, as_token_array
+from kvops.sim.kvcache import GpuKvCache, Ids
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.offload import OffloadTier
 from kvops.sim.records import EngineStats, Request, RequestRecord, StepResult
+
+_NO_BLOCKS: Ids = np.zeros(0, dtype=np.int64)
 
 
 class EngineError(ValueError):
@@ -47,27 +51,32 @@ class _Seq:
     """Scheduler state of one request."""
 
     __slots__ = (
-        "anon_blocks", "block_hashes", "chunk_hashes", "chunks_saved", "generated",
-        "held", "lookup", "lookup_key", "num_computed", "output_tokens", "prompt_len", "record",
-        "scheduled_once",
+        "anon_blocks", "block_hashes", "chunk_hashes", "chunks_saved", "generated", "held_ids",
+        "lookup", "lookup_key", "num_computed", "num_full_blocks", "num_full_chunks", "num_held",
+        "output_tokens", "prompt_len", "record", "scheduled_once",
     )  # fmt: skip
 
-    def __init__(self, req: Request, block_size: int, chunk_size: int) -> None:
+    def __init__(self, req: Request, hasher: PromptHasher) -> None:
         tokens = as_token_array(req.prompt_tokens)
         self.prompt_len = int(tokens.shape[0])
         self.output_tokens = req.output_tokens
-        self.block_hashes, self.chunk_hashes = prefix_hashes(tokens, block_size, chunk_size)
+        self.block_hashes, self.chunk_hashes = hasher(tokens)
+        self.num_full_blocks = int(self.block_hashes.shape[0])
+        self.num_full_chunks = len(self.chunk_hashes)
         self.record = RequestRecord(
             req.request_id, req.arrival_s, self.prompt_len, req.output_tokens
         )
         self.num_computed = 0
         self.generated = 0
-        self.held: list[int] = []
+        # The hashed blocks a request holds are always the first `num_held` of its prompt's;
+        # their cache ids, in the same order.
+        self.num_held = 0
+        self.held_ids: Ids = np.empty(self.num_full_blocks, dtype=np.int64)
         self.anon_blocks = 0
         self.chunks_saved = 0
         self.scheduled_once = False
         self.lookup_key: tuple[int, int, int] = (-1, -1, -1)
-        self.lookup: tuple[int, int, int] = (0, 0, 0)
+        self.lookup: tuple[Ids, int, int] = (_NO_BLOCKS, 0, 0)
 
     def total_len(self) -> int:
         return self.prompt_len + self.generated
@@ -95,6 +104,8 @@ class Engine:
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
         self._by_id: dict[str, _Seq] = {}
+        chunk = offload.chunk_size if offload else settings.lmcache.chunk_size
+        self._hasher = PromptHasher(settings.block_size, chunk)
 
     # ----- requests in -------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -114,8 +125,7 @@ class Engine:
                 f"request needs {n + req.output_tokens} tokens of KV cache but the GPU pool holds "
                 f"only {self.cache.num_blocks * self.block_size}"
             )
-        chunk = self.offload.chunk_size if self.offload else self.settings.lmcache.chunk_size
-        seq = _Seq(req, self.block_size, chunk)
+        seq = _Seq(req, self._hasher)
         self._counter += 1
         heapq.heappush(self._pending, (req.arrival_s, self._counter, seq))
         self._by_id[req.request_id] = seq
@@ -157,11 +167,8 @@ class Engine:
 
     # ----- the step ----------------------------------------------------------------------
     def _free(self, seq: _Seq) -> None:
-        self.cache.release(seq.held, seq.anon_blocks)
-        seq.held, seq.anon_blocks, seq.num_computed = [], 0, 0
-
-    def _blocks_for(self, seq: _Seq, tokens: int) -> int:
-        return -(-tokens // self.block_size) - len(seq.held) - seq.anon_blocks
+        self.cache.release(seq.held_ids[: seq.num_held], seq.anon_blocks)
+        seq.num_held, seq.anon_blocks, seq.num_computed = 0, 0, 0
 
     def _preempt(self, seq: _Seq) -> None:
         self._free(seq)
@@ -182,11 +189,12 @@ class Engine:
         # GPU cache or the offload tier changed (their epochs), which is most steps' case.
         key = (self.cache.epoch, offload.advance(self.now_s) if offload else -1, total)
         if seq.lookup_key != key:
-            gpu_blocks = self.cache.lookup(seq.block_hashes, limit) if caching else 0
-            evictable = self.cache.evictable_among(seq.block_hashes[:gpu_blocks])
+            hit_ids = self.cache.lookup(seq.block_hashes, limit) if caching else _NO_BLOCKS
+            evictable = self.cache.evictable_among(hit_ids)
             stored = offload.lookup_tokens(seq.chunk_hashes, seq.prompt_len) if offload else 0
-            seq.lookup_key, seq.lookup = key, (gpu_blocks, evictable, stored)
-        gpu_blocks, evictable, stored = seq.lookup
+            seq.lookup_key, seq.lookup = key, (hit_ids, evictable, stored)
+        hit_ids, evictable, stored = seq.lookup
+        gpu_blocks = hit_ids.shape[0]
         if offload is not None:
             offload.record_lookup(seq.prompt_len, stored)
         gpu_hit = gpu_blocks * bs
@@ -194,13 +202,13 @@ class Engine:
         new = min(total - gpu_hit - ext, budget)
         if new <= 0:
             return None
-        hit_hashes = seq.block_hashes[:gpu_blocks]
         need = -(-(gpu_hit + ext + new) // bs) - gpu_blocks
         if self.cache.available() - evictable < need:
             return None
-        self.cache.acquire(hit_hashes, evictable)
+        self.cache.acquire(hit_ids)  # the ids are current: the cache is as when looked up
         self.cache.allocate(need)
-        seq.held = list(hit_hashes)
+        seq.num_held = gpu_blocks
+        seq.held_ids[:gpu_blocks] = hit_ids
         seq.anon_blocks = need
         seq.num_computed = gpu_hit + ext
         load_s = 0.0
@@ -227,16 +235,18 @@ class Engine:
     def _register_full_blocks(self, seq: _Seq) -> None:
         """Blocks now full of prompt KV get their prefix hash (shareable from now on). After a
         duplicate broke the chain, later blocks stay unhashed until the earlier one is free."""
-        start = len(seq.held)
+        start = seq.num_held
         upto = min(
             min(seq.num_computed, seq.prompt_len) // self.block_size, start + seq.anon_blocks
         )
         if upto <= start:
             return
         run = seq.block_hashes[start:upto]
-        n = self.cache.register_run(run)
+        ids = self.cache.register_run(run)
+        n = ids.shape[0]
         if n:
-            seq.held.extend(run[:n] if n < len(run) else run)
+            seq.held_ids[start : start + n] = ids
+            seq.num_held += n
             seq.anon_blocks -= n
 
     def _next_arrivals(self) -> None:
@@ -258,13 +268,23 @@ class Engine:
         load_s = 0.0
         running = self._running
         cache = self.cache
+        bs = self.block_size
+        # The step's cost inputs, summed as requests are scheduled (in schedule order, so the
+        # float sum is the same on every run): context tokens read, new tokens, and the
+        # attention term of prefill FLOPs, sum of n x (context + n/2).
+        context = 0
+        new_tokens = 0
+        attention = 0.0
+        # This loop runs once per running request per step (most of a long run's iterations):
+        # attributes are read once into locals, and the block arithmetic is inline.
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            n = seq.prompt_len + seq.generated - seq.num_computed
+            c = seq.num_computed
+            n = seq.prompt_len + seq.generated - c
             if n > budget:
                 n = budget
-            need = self._blocks_for(seq, seq.num_computed + n)
+            need = -(-(c + n) // bs) - seq.num_held - seq.anon_blocks
             if need > 0:  # decodes need a new block only every block_size tokens
                 while need > cache.available():
                     victim = running.pop()
@@ -277,6 +297,9 @@ class Engine:
                 cache.allocate(need)
                 seq.anon_blocks += need
             scheduled.append((seq, n))
+            context += c
+            new_tokens += n
+            attention += n * (c + n / 2.0)
             budget -= n
             i += 1
         if not preempted:
@@ -290,6 +313,10 @@ class Engine:
                 load_s += seq_load_s
                 running.append(seq)
                 scheduled.append((seq, n))
+                c = seq.num_computed
+                context += c
+                new_tokens += n
+                attention += n * (c + n / 2.0)
                 budget -= n
         if not scheduled:
             if not preempted and not self._pending:
@@ -297,44 +324,47 @@ class Engine:
             if not preempted:
                 self.now_s = max(self.now_s, self._pending[0][0])
             return StepResult(self.now_s, self.now_s, [], [], [])
-        return self._execute(scheduled, load_s)
+        return self._execute(scheduled, load_s, context, new_tokens, attention)
 
-    def _execute(self, scheduled: list[tuple[_Seq, int]], load_s: float) -> StepResult:
+    def _execute(
+        self,
+        scheduled: list[tuple[_Seq, int]],
+        load_s: float,
+        context: int,
+        new_tokens: int,
+        attention: float,
+    ) -> StepResult:
         costs = self.costs
-        context = 0
-        new_tokens = 0
-        attention = 0.0  # sum of n x (context + n/2): the attention term of prefill FLOPs
-        for seq, n in scheduled:
-            c = seq.num_computed
-            context += c
-            new_tokens += n
-            attention += n * (c + n / 2.0)
         flops = costs.prefill_flops_total(new_tokens, attention)
         start_s = self.now_s
         compute_s = costs.step_time_s(flops, context, new_tokens)
         end_s = start_s + load_s + compute_s
         to_store: list[int] = []
-        token_ids: list[str] = []
-        finished: list[RequestRecord] = []
+        emitting: list[_Seq] = []  # requests whose prompt is done: each gets a token
         offload = self.offload
+        chunk_size = offload.chunk_size if offload is not None else 0
         caching = self.settings.enable_prefix_caching
         for seq, n in scheduled:
-            seq.num_computed += n
-            if caching and len(seq.held) < len(seq.block_hashes):
+            computed = seq.num_computed + n
+            seq.num_computed = computed
+            prompt_len = seq.prompt_len
+            if computed >= prompt_len + seq.generated:
+                emitting.append(seq)
+            if caching and seq.num_held < seq.num_full_blocks:
                 self._register_full_blocks(seq)
-            if offload is not None and seq.chunks_saved < len(seq.chunk_hashes):
-                full = min(seq.num_computed, seq.prompt_len) // offload.chunk_size
+            if offload is not None and seq.chunks_saved < seq.num_full_chunks:
+                full = (computed if computed < prompt_len else prompt_len) // chunk_size
                 if full > seq.chunks_saved:
                     to_store.extend(seq.chunk_hashes[seq.chunks_saved : full])
                     seq.chunks_saved = full
         stored: list[int] = []
         if offload is not None and to_store:
-            copy_s = costs.device_copy_s(len(to_store) * offload.chunk_size)
+            copy_s = costs.device_copy_s(len(to_store) * chunk_size)
             wait_s, stored = offload.store(to_store, end_s + copy_s, self.settings.store_blocking)
             end_s += copy_s + wait_s
-        for seq, _ in scheduled:
-            if seq.num_computed < seq.total_len():
-                continue  # still prefilling
+        token_ids: list[str] = []
+        finished: list[RequestRecord] = []
+        for seq in emitting:
             rec = seq.record
             seq.generated += 1
             if rec.first_token_s is None:
