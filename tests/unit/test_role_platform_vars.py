@@ -1,0 +1,175 @@
+"""The roles' per-platform variables, rendered with Ansible's own templar for each supported
+platform. The lab runs Debian only, so this is where the Ubuntu and RHEL 9 branches (repository
+URLs, package names, initramfs tool) are checked at all: a typo there would otherwise surface
+only on a customer's first RHEL run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+ROLES = Path(__file__).resolve().parents[2] / "roles"
+
+PLATFORMS: dict[str, dict[str, str]] = {
+    "ubuntu-22.04-x86_64": {
+        "distribution": "Ubuntu",
+        "distribution_version": "22.04",
+        "distribution_major_version": "22",
+        "os_family": "Debian",
+        "architecture": "x86_64",
+    },
+    "ubuntu-24.04-aarch64": {
+        "distribution": "Ubuntu",
+        "distribution_version": "24.04",
+        "distribution_major_version": "24",
+        "os_family": "Debian",
+        "architecture": "aarch64",
+    },
+    "rhel-9.4-x86_64": {
+        "distribution": "RedHat",
+        "distribution_version": "9.4",
+        "distribution_major_version": "9",
+        "os_family": "RedHat",
+        "architecture": "x86_64",
+    },
+    "rocky-9.5-x86_64": {
+        "distribution": "Rocky",
+        "distribution_version": "9.5",
+        "distribution_major_version": "9",
+        "os_family": "RedHat",
+        "architecture": "x86_64",
+    },
+}
+
+
+def _trusted(value: Any) -> Any:
+    """Role files are trusted templates in Ansible; plain YAML loading does not mark them."""
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, list):
+        return [_trusted(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _trusted(v) for k, v in value.items()}
+    return value
+
+
+def _os_vars_file(role: str, facts: dict[str, str]) -> Path:
+    """What the role's first_found picks: distribution, then OS family."""
+    for name in (facts["distribution"], facts["os_family"]):
+        path = ROLES / role / "vars" / f"{name}.yml"
+        if path.is_file():
+            return path
+    raise AssertionError(f"{role}: no vars file for {facts}")
+
+
+def _render(role: str, platform: str, expr: str, **role_vars: Any) -> Any:
+    facts = PLATFORMS[platform]
+    variables: dict[str, Any] = {}
+    for path in (
+        ROLES / role / "defaults" / "main.yml",
+        ROLES / role / "vars" / "main.yml",
+        _os_vars_file(role, facts),
+    ):
+        variables.update(_trusted(yaml.safe_load(path.read_text())))
+    variables.update(role_vars, ansible_facts=facts)
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return templar.template(trust_as_template("{{ " + expr + " }}"))
+
+
+@pytest.mark.parametrize("role", ["nvidia_driver", "rdma_client", "nfs_rdma_mount"])
+def test_every_platform_file_defines_the_same_variables(role: str) -> None:
+    files = sorted((ROLES / role / "vars").glob("*.yml"))
+    keys = {p.name: set(yaml.safe_load(p.read_text())) for p in files if p.name != "main.yml"}
+    assert len(keys) >= 2, keys
+    first = next(iter(keys.values()))
+    assert all(k == first for k in keys.values()), keys
+
+
+@pytest.mark.parametrize(
+    ("platform", "repo_url", "key_file"),
+    [
+        ("ubuntu-22.04-x86_64", "repos/ubuntu2204/x86_64/", "3bf863cc.pub"),
+        ("ubuntu-24.04-aarch64", "repos/ubuntu2404/sbsa/", "3bf863cc.pub"),
+        ("rhel-9.4-x86_64", "repos/rhel9/x86_64/", "D42D0685.pub"),
+        ("rocky-9.5-x86_64", "repos/rhel9/x86_64/", "D42D0685.pub"),
+    ],
+)
+def test_cuda_repository_and_key_per_platform(platform: str, repo_url: str, key_file: str) -> None:
+    base = "https://developer.download.nvidia.com/compute/cuda/"
+    assert _render("nvidia_driver", platform, "_nvidia_driver_cuda_repo_url") == base + repo_url
+    key = _render("nvidia_driver", platform, "_nvidia_driver_cuda_repo_key_url")
+    assert key == base + repo_url + key_file
+
+
+@pytest.mark.parametrize(
+    ("platform", "open_packages", "closed_packages"),
+    [
+        ("ubuntu-22.04-x86_64", ["nvidia-driver-580-open"], ["nvidia-driver-580"]),
+        ("rhel-9.4-x86_64", ["@nvidia-driver:580-open"], ["@nvidia-driver:580-dkms"]),
+    ],
+)
+def test_driver_packages_follow_the_kernel_module_flavour(
+    platform: str, open_packages: list[str], closed_packages: list[str]
+) -> None:
+    for is_open, want in ((True, open_packages), (False, closed_packages)):
+        got = _render(
+            "nvidia_driver",
+            platform,
+            "_nvidia_driver_packages",
+            nvidia_driver_branch="580",
+            nvidia_driver_open=is_open,
+            nvidia_driver_persistenced=False,
+        )
+        assert list(got) == want
+
+
+@pytest.mark.parametrize(
+    ("platform", "doca_path", "rdma_core", "initramfs"),
+    [
+        (
+            "ubuntu-22.04-x86_64",
+            "ubuntu22.04/x86_64/",
+            ["rdma-core", "ibverbs-utils"],
+            ["update-initramfs", "-u", "-k", "all"],
+        ),
+        ("ubuntu-24.04-aarch64", "ubuntu24.04/arm64-sbsa/", None, None),
+        (
+            "rhel-9.4-x86_64",
+            "rhel9.4/x86_64/",
+            ["rdma-core", "libibverbs-utils"],
+            ["dracut", "--force"],
+        ),
+    ],
+)
+def test_rdma_stack_repository_packages_and_initramfs_per_platform(
+    platform: str, doca_path: str, rdma_core: list[str] | None, initramfs: list[str] | None
+) -> None:
+    url = _render(
+        "rdma_client", platform, "_rdma_client_doca_repo_url", rdma_client_doca_version="3.1.0"
+    )
+    assert url.strip() == f"https://linux.mellanox.com/public/repo/doca/3.1.0/{doca_path}"
+    if rdma_core is not None:
+        got = _render(
+            "rdma_client", platform, "_rdma_client_packages", rdma_client_stack="rdma-core"
+        )
+        assert list(got) == rdma_core
+        doca = _render(
+            "rdma_client", platform, "_rdma_client_packages", rdma_client_stack="doca-ofed"
+        )
+        assert list(doca) == ["doca-ofed"]
+    if initramfs is not None:
+        assert list(_render("rdma_client", platform, "_rdma_client_initramfs_command")) == initramfs
+
+
+@pytest.mark.parametrize(
+    ("platform", "packages"),
+    [("ubuntu-22.04-x86_64", ["nfs-common"]), ("rhel-9.4-x86_64", ["nfs-utils"])],
+)
+def test_nfs_client_package_per_platform(platform: str, packages: list[str]) -> None:
+    got = _render("nfs_rdma_mount", platform, "_nfs_rdma_mount_client_packages")
+    assert list(got) == packages
