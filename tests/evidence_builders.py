@@ -12,7 +12,8 @@ Which parts are recorded and which are made up here:
   192.168.10.30 (the two recordings come from different pods of the same cluster).
 - synthetic (no public recording was found): nvidia-smi CSV, /proc/driver/nvidia/version,
   /proc/modules, sysfs infiniband/IOMMU data, `ip -o addr`, `ibdev2netdev` (one line in the
-  recorded format for the sysfs model's mlx5_3/net1), the vLLM unit/env/process, the
+  recorded format for the sysfs model's mlx5_3/net1; `storage-nic-far` renames that port
+  mlx5_0 and adds a compute port mlx5_1/eth1), the vLLM unit/env/process, the
   LMCache YAML, HTTP bodies and the GDS directory summary. They follow the formats named in
   kvops/evidence.py ITEM_SOURCES and are marked `"synthetic": true` in the item.
 
@@ -352,6 +353,27 @@ def nic_across_host_bridge() -> dict[str, Any]:
     return _variant("nic-across-host-bridge", edit)
 
 
+def storage_nic_far() -> dict[str, Any]:
+    """The mount's RDMA port is mlx5_0 (NIC0, NODE to GPU0) while mlx5_1 (NIC1, a live
+    compute NIC under GPU0's switch) carries no storage traffic: healthy with the storage port
+    renamed mlx5_3 → mlx5_0 (sysfs, ibdev2netdev, show_gids) and mlx5_1/eth1 added."""
+
+    def edit(items: dict[str, Any]) -> None:
+        [storage] = items["infiniband"]["data"]["devices"]
+        storage["name"] = "mlx5_0"
+        compute = copy.deepcopy(storage)
+        compute["name"] = "mlx5_1"
+        compute["ports"][0]["netdevs"] = ["eth1"]
+        items["infiniband"]["data"]["devices"].append(compute)
+        items["ibdev2netdev"]["stdout"] = (
+            "mlx5_0 port 1 ==> net1 (Up)\nmlx5_1 port 1 ==> eth1 (Up)\n"
+        )
+        items["show_gids"]["stdout"] = items["show_gids"]["stdout"].replace("mlx5_3", "mlx5_0")
+        items["ip_addr"]["stdout"] += "6: eth1    inet 192.168.20.31/24 scope global eth1\n"
+
+    return _variant("storage-nic-far", edit)
+
+
 def unreachable() -> dict[str, Any]:
     return {
         "schema_version": 1,
@@ -372,6 +394,7 @@ BUNDLE: dict[str, Callable[[], dict[str, Any]]] = {
     "misspelled-cufile-key": misspelled_cufile_key,
     "wrong-lmcache-buffer-key": wrong_lmcache_buffer_key,
     "nic-across-host-bridge": nic_across_host_bridge,
+    "storage-nic-far": storage_nic_far,
 }
 
 

@@ -156,9 +156,10 @@ _ROWS = [
     (
         "GDS-043",
         "gds_platform",
-        "GPU and an RDMA NIC under the same PCIe switch",
-        "Give each GPU an RDMA NIC under its PCIe switch (nvidia-smi topo -mp: PIX or PXB), "
-        "e.g. by moving the NIC to a slot behind the GPU's switch; where the platform has "
+        "GPU and its storage RDMA NIC under the same PCIe switch",
+        "Give each GPU the RDMA NIC that carries its storage traffic (the NFS/RDMA mount's "
+        "clientaddr) under its PCIe switch (nvidia-smi topo -mp: PIX or PXB): mount through a "
+        "NIC behind the GPU's switch, or move the NIC to such a slot; where the platform has "
         "none, set properties.rdma_dynamic_routing true and list the nearest NICs' addresses "
         "in fs.nfs.rdma_dev_addr_list (or fs.nfs.mount_table.<mount>.rdma_dev_addr_list).",
     ),

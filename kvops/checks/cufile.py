@@ -55,7 +55,8 @@ def check_known_keys(ctx: Context) -> list[Finding]:
     return out
 
 
-def _flag(value: Any) -> bool | None:
+def flag(value: Any) -> bool | None:
+    """A cufile.json boolean as libcufile reads it (JSON bool or a true-ish string)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -82,7 +83,7 @@ def check_compat_mode(ctx: Context) -> list[Finding]:
         value: bool | None = default
         source = "libcufile default"
         if config is not None and config.get(f"properties.{key}") is not None:
-            value, source = _flag(config.get(f"properties.{key}")), "cufile.json"
+            value, source = flag(config.get(f"properties.{key}")), "cufile.json"
         if env_name in env:
             value, source = env[env_name].strip().lower() in _TRUE, f"env {env_name}"
         values[key] = value
@@ -96,7 +97,9 @@ def check_compat_mode(ctx: Context) -> list[Finding]:
     return [finding("GDS-032", Severity.PASS, "compat mode off", excerpt)]
 
 
-def _address_lists(config: CufileConfig) -> dict[str, list[str]]:
+def address_lists(config: CufileConfig) -> dict[str, list[str]]:
+    """Every rdma_dev_addr_list cufile.json sets for NFS, by dotted key (mount_table entries as
+    `fs.nfs.mount_table.<mount>`)."""
     lists: dict[str, list[str]] = {}
     for key in ("properties.rdma_dev_addr_list", "fs.nfs.rdma_dev_addr_list"):
         value = config.get(key)
@@ -115,7 +118,7 @@ def check_rdma_addresses(ctx: Context) -> list[Finding]:
     config = _config_or_skip(ctx, "GDS-033")
     if isinstance(config, Finding):
         return [config]
-    lists = {k: v for k, v in _address_lists(config).items() if v}
+    lists = {k: v for k, v in address_lists(config).items() if v}
     if not lists:
         return [finding("GDS-033", Severity.PASS, "no rdma_dev_addr_list set (kernel picks NIC)")]
     host = ctx.rdma_addresses

@@ -4,9 +4,9 @@ v2 GIDs for their addresses.
 GDS-026 only asks whether *some* RDMA port is active; a host with one storage port down and a
 compute port up passes it while its mount hangs or reconnects over nothing. The mount's
 `clientaddr=` names the local address of its connection, so the address → net device → RDMA
-port chain (ip addr, sysfs, `ibdev2netdev`) finds the one port that matters. rdma_cm resolves
-addresses through the port's GID table (`show_gids`): an IPv4 address with only a RoCE v1 GID
-reaches the storage only inside one L2 network.
+port chain (ip addr, sysfs, `ibdev2netdev`; shared with GDS-043 in `storage_nic`) finds the
+one port that matters. rdma_cm resolves addresses through the port's GID table (`show_gids`):
+an IPv4 address with only a RoCE v1 GID reaches the storage only inside one L2 network.
 
 Same concern as `rdma_mount` (ids GDS-02x); a module of its own to keep both small.
 """
@@ -14,37 +14,12 @@ Same concern as `rdma_mount` (ids GDS-02x); a module of its own to keep both sma
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
 
 from kvops import evidence as ev
 from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, finding
 from kvops.checks.rdma_mount import RDMA_PROTOS, _line, _nfs_mount_or_skip
-
-
-@dataclass
-class PortRecord:
-    """What one source says about the RDMA port on a net device."""
-
-    text: str
-    up: bool | None  # None: the source did not record a state
-
-
-def _port_records(ctx: Context, netdev: str) -> list[PortRecord]:
-    """Records of the RDMA port(s) on `netdev` from sysfs and ibdev2netdev. A VLAN device
-    (`ens1f0.100`) rides its parent's port, so the parent's name counts too."""
-    names = {netdev, netdev.split(".", 1)[0]}
-    out: list[PortRecord] = []
-    for port in ctx.rdma_ports or []:
-        if names & set(port.netdevs):
-            state = port.state or "state not recorded"
-            up = port.active if port.state else None
-            out.append(PortRecord(f"{port.device} port {port.port} {state} (sysfs)", up))
-    for link in ctx.ibdev2netdev.links if ctx.ibdev2netdev else []:
-        if link.netdev in names:
-            text = f"{link.device} port {link.port} ==> {link.netdev} ({link.state}) (ibdev2netdev)"
-            out.append(PortRecord(text, link.up))
-    return out
+from kvops.checks.storage_nic import ctx_port_records, netdevs_holding
 
 
 def check_mount_port_up(ctx: Context) -> list[Finding]:
@@ -61,7 +36,7 @@ def check_mount_port_up(ctx: Context) -> list[Finding]:
     addresses = ctx.interface_addresses
     if addresses is None:
         return [ctx.skip("GDS-027", ev.IP_ADDR)]
-    netdevs = sorted(name for name, addrs in addresses.items() if local in addrs)
+    netdevs = netdevs_holding(addresses, local)
     if not netdevs:
         msg = f"clientaddr {local} is on no interface of this host (removed since the mount?)"
         remedy = "Put the address back on the RDMA interface, or remount so the mount uses one."
@@ -69,7 +44,7 @@ def check_mount_port_up(ctx: Context) -> list[Finding]:
     if ctx.rdma_ports is None and ctx.ibdev2netdev is None:
         return [ctx.skip("GDS-027", ev.INFINIBAND, ev.IBDEV2NETDEV)]
     where = f"{'/'.join(netdevs)} (clientaddr {local})"
-    records = [r for name in netdevs for r in _port_records(ctx, name)]
+    records = [r for name in netdevs for r in ctx_port_records(ctx, name)]
     if not records:
         msg = f"{where} carries the NFS/RDMA mount but no RDMA device maps to it"
         remedy = "Check with `ibdev2netdev` which interface is the RDMA port and mount over it."

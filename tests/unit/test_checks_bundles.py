@@ -36,6 +36,7 @@ def test_netapp_rdma_host_passes_every_check() -> None:
         (eb.misspelled_cufile_key, {("GDS-031", "WARN"), ("GDS-032", "WARN")}),
         (eb.wrong_lmcache_buffer_key, {("GDS-061", "FAIL")}),
         (eb.nic_across_host_bridge, {("GDS-043", "WARN")}),
+        (eb.storage_nic_far, {("GDS-043", "WARN")}),
     ],
 )
 def test_broken_host_is_flagged_with_the_right_id(build: Any, expected: set[Any]) -> None:

@@ -1,6 +1,6 @@
 """Judges fed by ibdev2netdev, show_gids and nvidia-smi topo -mp: GDS-026 (ibdev2netdev when
 sysfs is missing), GDS-027 (the port carrying the mount), GDS-028 (RoCE v2 GIDs), GDS-043
-(GPU/NIC PCIe placement). Evidence is the healthy ONTAP host with items swapped for recorded
+(GPU/storage NIC PCIe placement). Evidence is the healthy ONTAP host with items swapped for recorded
 outputs (tests/fixtures/misc) or stated edits of them."""
 
 from __future__ import annotations
@@ -229,22 +229,32 @@ def topo(text: str) -> dict[str, Any]:
 RECORDED_TOPO = fixture(TOPO_FIXTURE)
 
 
-def test_gpu_under_the_nic_switch_passes() -> None:
+STORAGE_VIA_CLIENTADDR = "the mount's clientaddr 192.168.10.30 on net1"
+FALLBACK = "storage NIC unknown: judged against the nearest RDMA NIC"
+
+
+def test_gpu_under_the_storage_nic_switch_passes() -> None:
     severity, message, evidence = one(healthy(), "GDS-043")
     assert severity == "PASS"
-    assert message == "each GPU shares a PCIe switch with an RDMA NIC: GPU0->mlx5_1 PIX"
-    assert evidence == "GPU0 -> mlx5_1 (NIC1): PIX"
+    assert message == (
+        f"each GPU shares a PCIe switch with a storage RDMA NIC ({STORAGE_VIA_CLIENTADDR}): "
+        "GPU0->mlx5_3 PIX"
+    )
+    assert evidence.splitlines() == [
+        f"storage NIC: mlx5_3 (NIC3, net1) (from {STORAGE_VIA_CLIENTADDR})",
+        "GPU0 -> mlx5_3 (NIC3, net1): PIX, storage NIC",
+    ]
 
 
-def test_recorded_r760xa_gpu_reaches_nics_through_node_only() -> None:
+def test_recorded_r760xa_gpu_reaches_its_storage_nic_through_node_only() -> None:
     severity, message, evidence = one(edited(nvidia_smi_topo=topo(RECORDED_TOPO)), "GDS-043")
     assert severity == "WARN"
     assert message.startswith(
-        "nearest RDMA NIC is NODE for GPU0->mlx5_0: GPU<->NIC DMA crosses the interconnect "
-        "between PCIe host bridges"
+        f"storage RDMA NIC ({STORAGE_VIA_CLIENTADDR}) is NODE for GPU0->mlx5_3: GPU<->NIC DMA "
+        "crosses the interconnect between PCIe host bridges"
     )
-    assert "one PCIe switch" in message
-    assert evidence == "GPU0 -> mlx5_0 (NIC0): NODE"
+    assert "one PCIe switch" in message and "nearer" not in message  # all NICs are NODE
+    assert evidence.splitlines()[1] == "GPU0 -> mlx5_3 (NIC3, net1): NODE, storage NIC"
     assert findings_for(edited(nvidia_smi_topo=topo(RECORDED_TOPO)), "GDS-043")[0][0] == "WARN"
 
 
@@ -253,9 +263,112 @@ def test_sys_gets_the_stronger_wording_and_pxb_passes() -> None:
     across = RECORDED_TOPO.replace(gpu_row, gpu_row.replace("NODE", "SYS"))
     severity, message, evidence = one(edited(nvidia_smi_topo=topo(across)), "GDS-043")
     assert severity == "WARN" and "CPU interconnect between NUMA nodes" in message
-    assert evidence == "GPU0 -> mlx5_0 (NIC0): SYS"
+    assert evidence.splitlines()[1] == "GPU0 -> mlx5_3 (NIC3, net1): SYS, storage NIC"
     switch = RECORDED_TOPO.replace(gpu_row, gpu_row.replace("NODE", "PXB"))
     assert one(edited(nvidia_smi_topo=topo(switch)), "GDS-043")[0] == "PASS"
+
+
+# The mount's port is mlx5_0 (NIC0: NODE to GPU0 in healthy's matrix); mlx5_1 (NIC1) is a live
+# compute NIC under GPU0's switch (PIX) that carries no storage traffic.
+STORAGE_FAR = {
+    "infiniband": infiniband(
+        ("mlx5_0", "4: ACTIVE", "Ethernet", ["net1"]),
+        ("mlx5_1", "4: ACTIVE", "Ethernet", ["eth1"]),
+    ),
+    "ibdev2netdev": command(
+        ["ibdev2netdev"], "mlx5_0 port 1 ==> net1 (Up)\nmlx5_1 port 1 ==> eth1 (Up)\n"
+    ),
+    "ip_addr": ip_addr(
+        "5: net1    inet 192.168.10.30/24 scope global net1",
+        "6: eth1    inet 192.168.20.31/24 scope global eth1",
+    ),
+}
+
+
+def test_storage_nic_far_warns_although_a_compute_nic_is_near() -> None:
+    """The weakness this check had: GPU0 is PIX to mlx5_1, so "any RDMA NIC" passed, while
+    every KV block crosses the host bridges to mlx5_0, the NIC under the mount."""
+    severity, message, evidence = one(edited(**STORAGE_FAR), "GDS-043")
+    assert severity == "WARN"
+    assert message.startswith(
+        f"storage RDMA NIC ({STORAGE_VIA_CLIENTADDR}) is NODE for GPU0->mlx5_0"
+    )
+    assert message.endswith("; nearer NICs carry no storage traffic: GPU0->mlx5_1 PIX")
+    assert evidence.splitlines() == [
+        f"storage NIC: mlx5_0 (NIC0, net1) (from {STORAGE_VIA_CLIENTADDR})",
+        "GPU0 -> mlx5_0 (NIC0, net1): NODE, storage NIC; nearer mlx5_1 (NIC1, eth1): PIX, "
+        "not a storage NIC",
+    ]
+    [warned] = [f for f in judge(edited(**STORAGE_FAR)) if f.check_id == "GDS-043"]
+    assert warned.remedy.startswith("Carry the storage traffic over the RDMA NIC under each GPU")
+
+
+def test_unknown_storage_nic_falls_back_to_the_nearest_rdma_nic_and_says_so() -> None:
+    no_clientaddr = mounts("vers=3,proto=rdma,port=20049,addr=192.168.10.101")
+    severity, message, evidence = one(edited(**STORAGE_FAR, mounts=no_clientaddr), "GDS-043")
+    assert (severity, message) == (
+        "PASS",
+        f"each GPU shares a PCIe switch with an RDMA NIC: GPU0->mlx5_1 PIX; {FALLBACK} "
+        "(the mount shows no clientaddr=)",
+    )
+    assert evidence.splitlines() == [
+        "storage NIC unknown (the mount shows no clientaddr=): every live RDMA NIC counted",
+        "GPU0 -> mlx5_1 (NIC1, eth1): PIX",
+    ]
+    tcp = mounts("vers=4.1,proto=tcp,clientaddr=192.168.10.30,addr=192.168.10.101")
+    severity, message, _ = one(edited(**STORAGE_FAR, mounts=tcp), "GDS-043")
+    assert severity == "PASS"
+    assert message.endswith(f"{FALLBACK} (/mnt/lmcache is NFS over tcp, not NFS/RDMA)")
+    severity, message, _ = one(edited(**{**STORAGE_FAR, "ip_addr": None}), "GDS-043")
+    assert severity == "PASS" and message.endswith(f"{FALLBACK} (ip_addr: not collected)")
+    unmapped = ip_addr("9: eth9    inet 192.168.10.30/24 scope global eth9")
+    severity, message, _ = one(edited(**{**STORAGE_FAR, "ip_addr": unmapped}), "GDS-043")
+    assert message.endswith(f"{FALLBACK} (no RDMA device maps to eth9 (clientaddr 192.168.10.30))")
+
+
+def cufile_routing(dynamic: bool, nfs: str) -> dict[str, Any]:
+    """healthy's cufile.json with rdma_dynamic_routing set and keys added to `fs.nfs`."""
+    text = healthy()["items"]["cufile_json"]["stdout"]
+    text = text.replace(
+        '"rdma_dynamic_routing": false', f'"rdma_dynamic_routing": {str(dynamic).lower()}'
+    )
+    return file_item("/etc/cufile.json", text.replace('"nfs": {', '"nfs": {' + nfs, 1))
+
+
+def test_dynamic_routing_address_list_names_the_storage_nics() -> None:
+    """With rdma_dynamic_routing, cuFile moves the mount's IO through the listed addresses'
+    NICs: eth1's mlx5_1 (PIX) is then the storage NIC, not the mount's mlx5_0 (NODE)."""
+    listed = '"rdma_dev_addr_list": ["192.168.20.31"]'
+    doc = edited(**STORAGE_FAR, cufile_json=cufile_routing(True, listed))
+    assert findings_for(doc, "GDS-033") == [
+        ("PASS", "fs.nfs.rdma_dev_addr_list subset of RDMA addresses")
+    ]
+    severity, message, evidence = one(doc, "GDS-043")
+    via = "fs.nfs.rdma_dev_addr_list ['192.168.20.31'] with rdma_dynamic_routing"
+    assert (severity, message) == (
+        "PASS",
+        f"each GPU shares a PCIe switch with a storage RDMA NIC ({via}): GPU0->mlx5_1 PIX",
+    )
+    assert evidence.splitlines()[0] == f"storage NIC: mlx5_1 (NIC1, eth1) (from {via})"
+    # Without dynamic routing NFS ignores the list: the mount's NIC decides again.
+    off = edited(**STORAGE_FAR, cufile_json=cufile_routing(False, listed))
+    assert one(off, "GDS-043")[0] == "WARN"
+    # The mount's own mount_table entry wins over the fs.nfs list.
+    table = '"mount_table": {"/mnt/": {"rdma_dev_addr_list": ["192.168.10.30"]}}, ' + listed
+    severity, message, _ = one(
+        edited(**STORAGE_FAR, cufile_json=cufile_routing(True, table)), "GDS-043"
+    )
+    assert severity == "WARN"
+    assert "storage RDMA NIC (fs.nfs.mount_table./mnt/ ['192.168.10.30'] with " in message
+    # A list naming no address of this host (GDS-033 FAILs it) leaves the mount's NIC.
+    foreign = '"rdma_dev_addr_list": ["10.9.9.9"]'
+    severity, message, _ = one(
+        edited(**STORAGE_FAR, cufile_json=cufile_routing(True, foreign)), "GDS-043"
+    )
+    assert severity == "WARN" and message.startswith(
+        f"storage RDMA NIC ({STORAGE_VIA_CLIENTADDR}; no address of fs.nfs.rdma_dev_addr_list "
+        "is on an RDMA port) is NODE"
+    )
 
 
 def test_down_nics_are_not_counted() -> None:
@@ -266,9 +379,12 @@ def test_down_nics_are_not_counted() -> None:
     severity, message, evidence = one(doc, "GDS-043")
     assert severity == "WARN" and "NODE for GPU0->mlx5_0" in message
     down = ", ".join(f"mlx5_{n}" for n in range(1, 10))
+    assert FALLBACK in message  # net1 (the mount's) is on none of these ports
     assert evidence.splitlines() == [
+        "storage NIC unknown (no RDMA device maps to net1 (clientaddr 192.168.10.30)): every "
+        "live RDMA NIC counted",
         f"not counted (port down): {down}",
-        "GPU0 -> mlx5_0 (NIC0): NODE",
+        "GPU0 -> mlx5_0 (NIC0, eth0): NODE",
     ]
     all_down = [(name, "1: DOWN", layer, nets) for name, _, layer, nets in ports]
     doc = edited(infiniband=infiniband(*all_down), ibdev2netdev=None)
@@ -298,4 +414,5 @@ def test_the_worst_gpu_decides_and_is_named() -> None:
     severity, message, evidence = one(edited(nvidia_smi_topo=topo(matrix)), "GDS-043")
     assert severity == "WARN" and message.startswith("nearest RDMA NIC is SYS for GPU1->mlx5_0:")
     assert "GPU0" not in message
-    assert evidence.splitlines() == ["GPU0 -> mlx5_0: PXB", "GPU1 -> mlx5_0: SYS"]
+    assert message.endswith(f"{FALLBACK} (mlx5_3 not a NIC in nvidia-smi topo -mp)")
+    assert evidence.splitlines()[1:] == ["GPU0 -> mlx5_0: PXB", "GPU1 -> mlx5_0: SYS"]
