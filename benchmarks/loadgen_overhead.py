@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -48,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from doubles.fixed_delay_server import running
+from doubles.fixed_delay_server import read_timing_log, running
 
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session
 from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner, judge_client
@@ -119,26 +118,6 @@ def _prompt_id(record: RequestRecord) -> int:
     return int(record.request_id.rpartition("/")[2].removeprefix("r"))
 
 
-def _written(log_dir: Path, wanted: set[int], wait_s: float = 5.0) -> dict[int, list[float]]:
-    """The double's write instants by prompt id; waits briefly for lines still being written
-    (the double logs a request after its last write, when the client may already be done)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        written: dict[int, list[float]] = {}
-        for log in log_dir.glob("*.jsonl"):
-            for line in log.read_text().splitlines():
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line being appended right now
-                pid = entry["prompt"][-1]
-                if pid in wanted:
-                    written[pid] = entry["chunk_written_monotonic_s"]
-        if len(written) == len(wanted) or time.monotonic() > deadline:
-            return written
-        time.sleep(0.1)
-
-
 @dataclass
 class Row:
     ok: int
@@ -165,7 +144,7 @@ class Row:
 
 def _row(records: list[RequestRecord], stats: ClientStats, wall: float, log_dir: Path) -> Row:
     ok = [r for r in records if r.ok and r.chunk_offsets_ms]
-    written = _written(log_dir, {_prompt_id(r) for r in ok})
+    written = read_timing_log(log_dir, {_prompt_id(r) for r in ok})
     ttfts: list[float] = []
     true_ttfts: list[float] = []
     ttft_errs: list[float] = []

@@ -162,6 +162,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def read_timing_log(log_dir: Path, wanted: set[int], wait_s: float = 5.0) -> dict[int, list[float]]:
+    """The chunk write instants of each logged request, keyed by its prompt's last token id
+    (callers give each measured request its own). Waits briefly for lines still being written:
+    the double logs a request after its last write, when the client may already be done."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        written: dict[int, list[float]] = {}
+        for log in log_dir.glob("*.jsonl"):
+            for line in log.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line being appended right now
+                key = entry["prompt"][-1]
+                if key in wanted:
+                    written[key] = entry["chunk_written_monotonic_s"]
+        if len(written) == len(wanted) or time.monotonic() > deadline:
+            return written
+        time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def running(*args: str, processes: int = 1) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Start the double on a free port (several processes sharing it with SO_REUSEPORT when

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from doubles.fixed_delay_server import running
+from doubles.fixed_delay_server import read_timing_log, running
 
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session
 from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner, judge_client
@@ -77,14 +76,11 @@ class Timing:
 
 def _timing(records: list[RequestRecord], log_dir: Path) -> Timing:
     """Pairs each record with the double's log line for its prompt."""
-    written: dict[int, list[float]] = {}
-    for log in log_dir.glob("*.jsonl"):
-        for line in log.read_text().splitlines():
-            entry = json.loads(line)
-            written[entry["prompt"][-1]] = entry["chunk_written_monotonic_s"]
+    keys = [int(r.request_id.rpartition("r")[2]) + PROMPT_ID_BASE for r in records]
+    written = read_timing_log(log_dir, set(keys))
     ttfts, true_ttfts, itls, true_itls = [], [], [], []
-    for i, r in enumerate(records):
-        chunks_s = written[int(r.request_id.rpartition("r")[2]) + PROMPT_ID_BASE]
+    for i, (r, key) in enumerate(zip(records, keys, strict=True)):
+        chunks_s = written[key]
         assert r.ttft_ms is not None and len(chunks_s) == len(r.chunk_offsets_ms), (i, r)
         ttfts.append(r.ttft_ms)
         true_ttfts.append((chunks_s[0] - r.send_perf_s) * 1e3)
