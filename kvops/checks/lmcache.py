@@ -6,7 +6,7 @@ from __future__ import annotations
 from kvops import evidence as ev
 from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, finding
-from kvops.checks.rdma_mount import _line
+from kvops.checks.rdma_mount import mount_line
 from kvops.parse.lmcache_config import LmcacheConfig, buffer_key_for
 
 STABLE_HASHES = frozenset({"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"})
@@ -50,11 +50,11 @@ def check_gds_path(ctx: Context) -> list[Finding]:
         mount = table.mount_for(path)
         if mount is not None and mount.is_nfs and mount.proto in {"rdma", "rdma6"}:
             msg = f"gds_path {path} ({source}) on {mount.mount_point} over RDMA"
-            out.append(finding("GDS-060", Severity.PASS, msg, _line(mount)))
+            out.append(finding("GDS-060", Severity.PASS, msg, mount_line(mount)))
         else:
             where = f"{mount.mount_point} ({mount.fs_type}, proto={mount.proto})" if mount else "?"
             msg = f"gds_path {path} ({source}) is on {where}, not an NFS/RDMA mount"
-            out.append(finding("GDS-060", Severity.FAIL, msg, _line(mount) if mount else ""))
+            out.append(finding("GDS-060", Severity.FAIL, msg, mount_line(mount) if mount else ""))
     return out
 
 

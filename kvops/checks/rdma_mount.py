@@ -22,12 +22,12 @@ def gds_mount(ctx: Context) -> Mount | None:
     return table.mount_for(ctx.gds_dir)
 
 
-def _line(mount: Mount) -> str:
+def mount_line(mount: Mount) -> str:
     opts = ",".join(k if v is None else f"{k}={v}" for k, v in mount.options.items())
     return f"{mount.device} {mount.mount_point} {mount.fs_type} {opts}"
 
 
-def _nfs_mount_or_skip(ctx: Context, check_id: str) -> Mount | Finding:
+def nfs_mount_or_skip(ctx: Context, check_id: str) -> Mount | Finding:
     if ctx.gds_dir is None:
         return finding(check_id, Severity.SKIP, "settings.gds_dir not set: no GDS directory")
     mount = gds_mount(ctx)
@@ -46,44 +46,45 @@ def check_on_nfs(ctx: Context) -> list[Finding]:
         return [ctx.skip("GDS-020", ev.MOUNTS)]
     where = f"{ctx.gds_dir} is on {mount.mount_point} ({mount.fs_type} from {mount.device})"
     if mount.is_nfs:
-        return [finding("GDS-020", Severity.PASS, where, _line(mount))]
-    return [finding("GDS-020", Severity.FAIL, where + ", not NFS", _line(mount))]
+        return [finding("GDS-020", Severity.PASS, where, mount_line(mount))]
+    return [finding("GDS-020", Severity.FAIL, where + ", not NFS", mount_line(mount))]
 
 
 def check_proto_rdma(ctx: Context) -> list[Finding]:
-    mount = _nfs_mount_or_skip(ctx, "GDS-021")
+    mount = nfs_mount_or_skip(ctx, "GDS-021")
     if isinstance(mount, Finding):
         return [mount]
     proto = mount.proto
     if proto in RDMA_PROTOS:
-        return [finding("GDS-021", Severity.PASS, f"proto={proto}", _line(mount))]
+        return [finding("GDS-021", Severity.PASS, f"proto={proto}", mount_line(mount))]
     msg = f"NFS over {proto or 'tcp (no proto option)'}, not RDMA: GDS cannot DMA to the GPU"
-    return [finding("GDS-021", Severity.FAIL, msg, _line(mount))]
+    return [finding("GDS-021", Severity.FAIL, msg, mount_line(mount))]
 
 
 def check_nfs_version(ctx: Context) -> list[Finding]:
-    mount = _nfs_mount_or_skip(ctx, "GDS-022")
+    mount = nfs_mount_or_skip(ctx, "GDS-022")
     if isinstance(mount, Finding):
         return [mount]
     version = mount.nfs_version
     allowed = ctx.thresholds.nfs_versions_over_rdma
     if version in allowed:
-        return [finding("GDS-022", Severity.PASS, f"NFS vers={version}", _line(mount))]
+        return [finding("GDS-022", Severity.PASS, f"NFS vers={version}", mount_line(mount))]
     msg = f"NFS vers={version or 'unknown'}; ONTAP serves RDMA for {', '.join(allowed)}"
-    return [finding("GDS-022", Severity.WARN, msg, _line(mount))]
+    return [finding("GDS-022", Severity.WARN, msg, mount_line(mount))]
 
 
 def check_hard(ctx: Context) -> list[Finding]:
-    mount = _nfs_mount_or_skip(ctx, "GDS-023")
+    mount = nfs_mount_or_skip(ctx, "GDS-023")
     if isinstance(mount, Finding):
         return [mount]
     if mount.hard:
-        return [finding("GDS-023", Severity.PASS, "hard mount", _line(mount))]
-    return [finding("GDS-023", Severity.WARN, "soft mount: IO errors on timeouts", _line(mount))]
+        return [finding("GDS-023", Severity.PASS, "hard mount", mount_line(mount))]
+    msg = "soft mount: IO errors on timeouts"
+    return [finding("GDS-023", Severity.WARN, msg, mount_line(mount))]
 
 
 def check_rw_size(ctx: Context) -> list[Finding]:
-    mount = _nfs_mount_or_skip(ctx, "GDS-024")
+    mount = nfs_mount_or_skip(ctx, "GDS-024")
     if isinstance(mount, Finding):
         return [mount]
     minimum = ctx.thresholds.min_nfs_rw_size_bytes
@@ -91,7 +92,7 @@ def check_rw_size(ctx: Context) -> list[Finding]:
     small = {k: v for k, v in sizes.items() if v is not None and v < minimum}
     shown = ", ".join(f"{k}={v}" for k, v in sizes.items())
     if small:
-        return [finding("GDS-024", Severity.WARN, f"{shown} below {minimum}", _line(mount))]
+        return [finding("GDS-024", Severity.WARN, f"{shown} below {minimum}", mount_line(mount))]
     if None in sizes.values():
         return [finding("GDS-024", Severity.WARN, f"{shown}: not shown by the kernel")]
     return [finding("GDS-024", Severity.PASS, f"{shown} (minimum {minimum})")]

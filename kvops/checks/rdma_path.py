@@ -18,12 +18,12 @@ import ipaddress
 from kvops import evidence as ev
 from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, finding
-from kvops.checks.rdma_mount import RDMA_PROTOS, _line, _nfs_mount_or_skip
+from kvops.checks.rdma_mount import RDMA_PROTOS, mount_line, nfs_mount_or_skip
 from kvops.checks.storage_nic import ctx_port_records, netdevs_holding
 
 
 def check_mount_port_up(ctx: Context) -> list[Finding]:
-    mount = _nfs_mount_or_skip(ctx, "GDS-027")
+    mount = nfs_mount_or_skip(ctx, "GDS-027")
     if isinstance(mount, Finding):
         return [mount]
     if mount.proto not in RDMA_PROTOS:
@@ -32,7 +32,7 @@ def check_mount_port_up(ctx: Context) -> list[Finding]:
     local = mount.options.get("clientaddr")
     if not local:
         msg = "the mount shows no clientaddr= (NFSv3?): which port carries it is unknown"
-        return [finding("GDS-027", Severity.SKIP, msg, _line(mount))]
+        return [finding("GDS-027", Severity.SKIP, msg, mount_line(mount))]
     addresses = ctx.interface_addresses
     if addresses is None:
         return [ctx.skip("GDS-027", ev.IP_ADDR)]
@@ -40,7 +40,7 @@ def check_mount_port_up(ctx: Context) -> list[Finding]:
     if not netdevs:
         msg = f"clientaddr {local} is on no interface of this host (removed since the mount?)"
         remedy = "Put the address back on the RDMA interface, or remount so the mount uses one."
-        return [finding("GDS-027", Severity.WARN, msg, _line(mount), remedy)]
+        return [finding("GDS-027", Severity.WARN, msg, mount_line(mount), remedy)]
     if ctx.rdma_ports is None and ctx.ibdev2netdev is None:
         return [ctx.skip("GDS-027", ev.INFINIBAND, ev.IBDEV2NETDEV)]
     where = f"{'/'.join(netdevs)} (clientaddr {local})"
@@ -48,7 +48,7 @@ def check_mount_port_up(ctx: Context) -> list[Finding]:
     if not records:
         msg = f"{where} carries the NFS/RDMA mount but no RDMA device maps to it"
         remedy = "Check with `ibdev2netdev` which interface is the RDMA port and mount over it."
-        return [finding("GDS-027", Severity.WARN, msg, _line(mount), remedy)]
+        return [finding("GDS-027", Severity.WARN, msg, mount_line(mount), remedy)]
     lines = "\n".join(r.text for r in records)
     down = [r.text for r in records if r.up is False]
     if down:
