@@ -6,11 +6,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvops-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit lab clean help
+.PHONY: demo test lint unit lab clean help system-deps
 
 help:
 	@echo "make demo   set up .venv and run kvops ab-test on the embedded simulated engines"
-	@echo "make test   set up .venv (dev extras), run the lint gates, then the whole test suite"
+	@echo "make test   install missing system packages (as root), set up .venv (dev extras), lint, whole suite"
 	@echo "make lint   only the lint gates;  make unit   only the unit tier"
 	@echo "make lab    bring the local lab up (disposable Debian test hosts)"
 
@@ -37,7 +37,10 @@ lint: $(STAMP)
 unit: $(STAMP)
 	@$(BIN)/pytest -q -m unit $(PYTEST_ARGS)
 
-test: lint
+system-deps:
+	@scripts/system-deps.sh
+
+test: system-deps lint
 	@$(BIN)/pytest -q $(PYTEST_ARGS)
 
 lab: $(STAMP)

@@ -26,7 +26,11 @@ def _require_lab() -> None:
     reasons = missing_prerequisites()
     if not reasons:
         return
-    message = "local lab unavailable: " + "; ".join(reasons)
+    message = (
+        "local lab unavailable: "
+        + "; ".join(reasons)
+        + " (as root, `scripts/system-deps.sh` installs the packages the lab needs)"
+    )
     if os.environ.get("CI") == "true":
         pytest.fail(message + " (CI=true: the lab tier must run here)", pytrace=False)
     pytest.skip(message)
