@@ -16,7 +16,7 @@ def main() -> None:
     Provision   ansible-playbook -i inventories/<env> playbooks/site.yml
     Validate    kvops validate -i inventories/<env>
     Prove       kvops smoke --url URL;  kvops ab-test --arm baseline=URL --arm offload=URL
-    Predict     kvops advise TRACE|PRESET;  kvops advise sizing --prefix-tokens 28000 --num-prefixes 20
+    Predict     kvops advise TRACE|PRESET;  kvops advise sizing --prefix-tokens T --num-prefixes K
     """
 
 

@@ -135,7 +135,7 @@ def _records(tmp_path: Path) -> Path:
                         "prompt_tokens": 1200,
                         "output_tokens": 8,
                     }
-                )  # fmt: skip
+                )
             )
     path = tmp_path / "records.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -157,7 +157,7 @@ def test_presets_and_missing_files(tmp_path: Path) -> None:
     w = load_workload("single-shared-prefix", ReadOptions(), VOCAB, "x")
     assert w.kind == "spec" and w.num_requests == 160
     assert all(g.closed for g in w.groups)
-    with pytest.raises(TraceError, match="no such file.*multi-shared-prefix"):
+    with pytest.raises(TraceError, match=r"no such file.*multi-shared-prefix"):
         load_workload(str(tmp_path / "nope.jsonl"), ReadOptions(), VOCAB, "x")
     bad = tmp_path / "bad.yaml"
     bad.write_text("prefix_token: 3\n")
