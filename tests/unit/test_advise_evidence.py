@@ -59,7 +59,7 @@ def test_no_bench_is_an_error_naming_the_fix(tmp_path: Path) -> None:
     doc = edited(gdsio_read=None, gdsio_write=None)
     with pytest.raises(StorageEvidenceError, match="--storage-bench"):
         storage_from_documents([doc], "bundle")
-    with pytest.raises(StorageEvidenceError, match="no \\*.json evidence files"):
+    with pytest.raises(StorageEvidenceError, match=r"no \*\.json evidence files"):
         storage_from_evidence(tmp_path)
 
 
