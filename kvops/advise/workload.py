@@ -118,7 +118,6 @@ class Reuse:
         return self.reusable_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-
 def measure_reuse(workload: Workload, builder: PromptBuilder, unit_tokens: int) -> Reuse:
     """One pass over the prompts, hashing `unit_tokens`-token chunks the way LMCache keys them
     (the simulator's `PromptHasher`, chained over the whole prefix). Requests given as hash ids
