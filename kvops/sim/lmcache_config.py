@@ -17,8 +17,10 @@ from typing import Any
 
 import yaml
 
+from kvops.errors import KvopsError
 
-class LMCacheConfigError(ValueError):
+
+class LMCacheConfigError(KvopsError, ValueError):
     """A setting LMCache itself would refuse at startup."""
 
 
