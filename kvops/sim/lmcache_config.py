@@ -16,8 +16,10 @@ from typing import Any
 
 from kvops.parse.lmcache_config import DEFAULTS, effective_lmcache_config
 
+from kvops.errors import KvopsError
 
-class LMCacheConfigError(ValueError):
+
+class LMCacheConfigError(KvopsError, ValueError):
     """A setting LMCache itself would refuse at startup."""
 
 
