@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvops.parse.lmcache_config import DEFAULTS, effective_lmcache_config
-
 from kvops.errors import KvopsError
+from kvops.parse.lmcache_config import DEFAULTS, effective_lmcache_config
 
 
 class LMCacheConfigError(KvopsError, ValueError):
