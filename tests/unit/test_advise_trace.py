@@ -187,3 +187,19 @@ def test_cli_unknown_profile_and_missing_trace_are_usage_errors(tmp_path: Path) 
     missing = CliRunner().invoke(main, ["advise", str(tmp_path / "x.jsonl")])
     assert missing.exit_code == 2 and "no such file" in missing.output
     assert missing.exception is None or isinstance(missing.exception, SystemExit)
+
+
+def test_requests_beyond_the_context_are_refused_without_building_them(tmp_path: Path) -> None:
+    huge = {"input_length": 10**12, "output_tokens": 3, "hash_ids": [1]}
+    ok = {"input_length": 1000, "output_tokens": 3, "hash_ids": [1]}
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps(ok) + "\n" + json.dumps(huge) + "\n")
+    result = CliRunner().invoke(main, ["advise", str(trace), "--quick", "--json"])
+    assert result.exit_code == 0, result.output
+    notes = json.loads(result.stdout)["notes"]
+    assert any("line 2: 1000000000000 prompt" in n and "131072" in n for n in notes)
+    trace.write_text(json.dumps(huge) + "\n[[[" + "[" * 100_000 + "\n")
+    result = CliRunner().invoke(main, ["advise", str(trace), "--quick"])
+    assert result.exit_code == 2
+    assert "no request of the workload could be simulated" in result.output
+    assert "nested too deeply" in result.stderr
