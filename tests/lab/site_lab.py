@@ -101,12 +101,16 @@ def run_role(
     limit: str,
     extra_vars: dict[str, Any] | None = None,
     site_vars: bool = True,
+    then: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Apply one role to ``limit`` (with the lab's role variables unless ``site_vars=False``)."""
-    playbook = workdir / f"apply-{role}.yml"
+    """Apply one role (and the roles in ``then`` after it, in one play) to ``limit``, with the
+    lab's role variables unless ``site_vars=False``."""
+    roles = (role, *then)
+    playbook = workdir / f"apply-{'-'.join(roles)}.yml"
+    listed = "".join(f"    - role: {r}\n" for r in roles)
     playbook.write_text(
-        f"---\n- name: Apply {role}\n  hosts: gpu_hosts\n  become: true\n"
-        f"  gather_facts: true\n  roles:\n    - role: {role}\n"
+        f"---\n- name: Apply {', '.join(roles)}\n  hosts: gpu_hosts\n  become: true\n"
+        f"  gather_facts: true\n  roles:\n{listed}"
     )
     args = ["-i", str(SITE_VARS)] if site_vars else []
     return lab.ansible_playbook(

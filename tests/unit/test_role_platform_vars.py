@@ -5,6 +5,7 @@ only on a customer's first RHEL run."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +230,67 @@ def test_only_mlnx_ofed_and_doca_mixes_are_refused(
         rdma_client_stack=stack,
     )
     assert sorted(got) == conflicting
+
+
+@pytest.mark.parametrize(
+    ("package", "proprietary"),
+    [
+        ("nvidia-driver-580", True),
+        ("nvidia-driver-580-server", True),
+        ("nvidia-dkms-580", True),
+        ("nvidia-dkms-580-server", True),
+        ("nvidia-kernel-source-580", True),
+        ("linux-modules-nvidia-580-generic", True),
+        ("linux-modules-nvidia-580-server-6.8.0-45-generic", True),
+        ("kmod-nvidia-latest-dkms", True),
+        # Ubuntu's signed precompiled OPEN modules and the open packages are what GDS needs.
+        ("linux-modules-nvidia-580-open-generic", False),
+        ("linux-modules-nvidia-580-server-open-6.8.0-45-generic", False),
+        ("nvidia-driver-580-open", False),
+        ("nvidia-driver-580-server-open", False),
+        ("nvidia-dkms-580-open", False),
+        ("nvidia-persistenced", False),
+    ],
+)
+def test_the_proprietary_package_pattern(package: str, proprietary: bool) -> None:
+    regex = _render(
+        "nvidia_driver", "ubuntu-22.04-x86_64", "_nvidia_driver_proprietary_package_regex"
+    )
+    assert (re.match(regex.strip(), package) is not None) is proprietary
+
+
+@pytest.mark.parametrize(
+    ("platform", "build", "prerequisites"),
+    [
+        ("ubuntu-22.04-x86_64", ["linux-headers-6.8.0-45-generic"], ["python3-debian"]),
+        ("ubuntu-24.04-aarch64", ["linux-headers-6.8.0-45-generic"], ["python3-debian"]),
+        (
+            "rhel-9.4-x86_64",
+            ["kernel-devel-6.8.0-45-generic", "dkms"],
+            ["python3-dnf-plugin-versionlock", "dnf-plugins-core"],
+        ),
+    ],
+)
+def test_dkms_gets_the_running_kernels_build_files_and_the_repo_tools_are_there(
+    platform: str, build: list[str], prerequisites: list[str]
+) -> None:
+    """DKMS builds for the running kernel: its headers/kernel-devel are named explicitly (with
+    install_recommends false nothing pulls them); deb822_repository needs python3-debian, dnf
+    versionlock its plugin."""
+    running = {"kernel": "6.8.0-45-generic"}
+    got = _render(
+        "nvidia_driver", platform, "_nvidia_driver_kernel_build_packages", facts_extra=running
+    )
+    assert list(got) == build
+    assert list(_render("nvidia_driver", platform, "_nvidia_driver_repo_prerequisites")) == (
+        prerequisites
+    )
+
+
+def test_rhel_locks_the_open_driver_packages_by_name() -> None:
+    names = _render("nvidia_driver", "rhel-9.4-x86_64", "_nvidia_driver_lock_names")
+    assert "kmod-nvidia-open-dkms" in names and "nvidia-persistenced" in names
+    closed = _render(
+        "nvidia_driver", "rhel-9.4-x86_64", "_nvidia_driver_lock_names", nvidia_driver_open=False
+    )
+    assert "kmod-nvidia-latest-dkms" in closed
