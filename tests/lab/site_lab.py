@@ -32,8 +32,10 @@ MOUNT_OPTIONS = (
     "vers=4.1,proto=rdma,port=20049,hard,rsize=262144,wsize=262144,timeo=600,retrans=2,"
     "max_connect=16,_netdev"
 )
-# Which host runs which RDMA stack (site_lab_vars.yml).
-STACK = {"kvlab-1": "rdma-core", "kvlab-2": "doca-ofed"}
+# Which host runs which RDMA stack (site_lab_vars.yml): both DOCA-OFED, the GDS stack.
+STACK = {"kvlab-1": "doca-ofed", "kvlab-2": "doca-ofed"}
+# The DOCA-OFED release each host gets: the newest, or the pin.
+DOCA_VERSIONS = {"kvlab-1": "3.1.0-1", "kvlab-2": DOCA_VERSION}
 
 _RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$", re.MULTILINE)
 _converged: dict[int, subprocess.CompletedProcess[str]] = {}
