@@ -195,7 +195,13 @@ def _progress_stage(enabled: bool) -> tuple[Progress | None, Stage | None]:
     if not enabled:
         return None, None
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     progress = Progress(
         TextColumn("{task.description}"),
