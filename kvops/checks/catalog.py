@@ -311,6 +311,11 @@ _ROWS = [
 CATALOG: dict[str, CheckInfo] = {row[0]: CheckInfo(*row) for row in _ROWS}
 
 
+def validate_check_ids() -> set[str]:
+    """The ids `kvops validate` judges: every concern but `smoke` (judged by `kvops smoke`)."""
+    return {key for key, info in CATALOG.items() if info.concern != "smoke"}
+
+
 def catalog_rows() -> list[CheckInfo]:
     """All checks in id order (for docs and `--list-checks`)."""
     return [CATALOG[key] for key in sorted(CATALOG)]
