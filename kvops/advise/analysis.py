@@ -31,6 +31,11 @@ METRICS: tuple[tuple[str, bool], ...] = (
 )
 VERDICT_METRICS = ("total_token_throughput_tok_s", "mean_ttft_ms")
 
+
+class NothingSimulated(ValueError):
+    """Every request was refused by the engine (e.g. all longer than the model's context)."""
+
+
 Stage = Callable[[str, int], Callable[[int], None] | None]
 
 
@@ -151,6 +156,9 @@ def analyse(
         "baseline", workload, builder, profiles, base_settings, progress("baseline", n)
     )
     offload = run_arm("offload", workload, builder, profiles, off_settings, progress("offload", n))
+    if not baseline.completed:
+        first = baseline.rejected[0] if baseline.rejected else "no requests"
+        raise NothingSimulated(f"no request of the workload could be simulated; first: {first}")
     part = sample(workload, options.sample_requests)
     sampled = part is not workload
     m = part.num_requests
