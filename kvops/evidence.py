@@ -120,6 +120,7 @@ VLLM_PROCESS = "vllm_process"
 VLLM_ENV = "vllm_env"
 LMCACHE_CONFIG = "lmcache_config"
 LMCACHE_VERSION = "lmcache_version"
+VLLM_JOURNAL = "vllm_journal"
 GDS_DIR = "gds_dir"
 HTTP_HEALTH = "http_health"
 HTTP_VERSION = "http_version"
@@ -218,6 +219,11 @@ ITEM_SOURCES: dict[str, str] = {
         "the service's filesystem (/proc/<pid>/root) under its venv; stdout = 'Name: lmcache"
         "\\nVersion: 0.5.6'. Never obtained by running the service's Python. Older bundles: "
         "a command whose last stdout line is the version."
+    ),
+    VLLM_JOURNAL: (
+        "command ['journalctl', '--no-pager', '-o', 'cat', '-n', '3000', "
+        "'_SYSTEMD_INVOCATION_ID=<the unit's InvocationID>'] (the current run's log), else "
+        "[..., '-b', '-u', <vllm_service>]; redacted on the host. Exit 127 without systemd."
     ),
     GDS_DIR: (
         "dir settings.gds_dir, read in a child process with its own time budget; error "

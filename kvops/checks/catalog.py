@@ -214,6 +214,14 @@ _ROWS = [
         "positive chunk_size and a bool extra_config.use_direct_io.",
     ),
     (
+        "GDS-066",
+        "lmcache",
+        "Service log free of LMCache fallback and ignored-setting warnings",
+        "Fix what the quoted log lines name: rebuild or reinstall LMCache against the installed "
+        "torch (`python -c 'import torch, lmcache.cuda_ops'` must work), rename or remove "
+        "ignored keys, and restart the service.",
+    ),
+    (
         "GDS-070",
         "vllm",
         "vLLM healthy",
