@@ -107,6 +107,7 @@ IP_ADDR = "ip_addr"
 MOUNTS = "mounts"
 CMDLINE = "cmdline"
 IOMMU = "iommu"
+PCI_ACS = "pci_acs"
 CUFILE_JSON = "cufile_json"
 GDSCHECK = "gdscheck"
 BENCH_DIR = "bench_dir"
@@ -172,8 +173,14 @@ ITEM_SOURCES: dict[str, str] = {
     MOUNTS: "file /proc/mounts (parsed by kvops.parse.mounts).",
     CMDLINE: "file /proc/cmdline (intel_iommu=, amd_iommu=, iommu=pt ...).",
     IOMMU: (
-        "sysfs /sys/kernel/iommu_groups; data = {'group_count': int} (0 groups: IOMMU off "
-        "or not exposed)."
+        "sysfs /sys/kernel/iommu_groups; data = {'group_count': int, 'types': {'identity': "
+        "n, 'DMA-FQ': m}} (0 groups: IOMMU off or not exposed; types = each group's default "
+        "domain from <group>/type, absent on older kernels and bundles)."
+    ),
+    PCI_ACS: (
+        "command ['lspci', '-vvv'], stdout kept to device header lines and 'ACSCap:'/'ACSCtl:'"
+        " lines (item 'filtered' says so); parsed by kvops.parse.pci_acs. Without root lspci "
+        "prints '<access denied>' for the capabilities."
     ),
     CUFILE_JSON: (
         "file: the cufile.json the service's libcufile reads (settings.cufile_json_path, "

@@ -119,6 +119,15 @@ TORCH_FALLBACK_LINE = (
     "CudaDeviceOps stays on the torch baseline for all ops. "
     "(device_ops.py:131:lmcache.v1.platform.devices.cuda.device_ops)\n"
 )
+# `lspci -vvv` kept to headers and ACS lines, in lspci's format (synthetic: a PCIe switch
+# downstream port with ACS but no redirect, the GPU and the NIC under it).
+LSPCI_ACS = (
+    "17:02.0 PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0)\n"
+    "\t\tACSCap:\tSrcValid+ TransBlk+ ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl+ DirectTrans+\n"
+    "\t\tACSCtl:\tSrcValid+ TransBlk- ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl- DirectTrans-\n"
+    "18:00.0 3D controller: NVIDIA Corporation Device 2330 (rev a1)\n"
+    "19:00.0 Ethernet controller: Mellanox Technologies MT2910 Family [ConnectX-7]\n"
+)
 KV_TRANSFER = '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
 
 
@@ -208,6 +217,7 @@ def healthy() -> dict[str, Any]:
             "/proc/cmdline", "BOOT_IMAGE=(hd0,gpt2)/vmlinuz root=/dev/sda3 ro\n", synthetic=True
         ),
         "iommu": data_item("sysfs", "/sys/kernel/iommu_groups", {"group_count": 0}),
+        "pci_acs": command(["lspci", "-vvv"], LSPCI_ACS, filtered="device headers and ACS lines"),
         "nvidia_smi_topo": command(["nvidia-smi", "topo", "-mp"], _topo_gpu_under_nic_switch()),
         "cufile_json": file_item("/etc/cufile.json", _cufile()),
         "gdscheck": command(

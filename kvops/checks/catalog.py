@@ -164,6 +164,14 @@ _ROWS = [
         "in fs.nfs.rdma_dev_addr_list (or fs.nfs.mount_table.<mount>.rdma_dev_addr_list).",
     ),
     (
+        "GDS-044",
+        "gds_platform",
+        "PCIe ACS does not redirect peer-to-peer traffic",
+        "Disable ACS redirect on the ports between GPU and NIC: kernel parameter "
+        "`pci=disable_acs_redir=<bdf>;...` (or `setpci` at boot); NVIDIA GDS "
+        "Troubleshooting Guide, PCIe ACS.",
+    ),
+    (
         "GDS-050",
         "storage_bench",
         "gdsio GPU-direct throughput vs RDMA link rate",
