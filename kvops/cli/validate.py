@@ -19,7 +19,7 @@ from kvops.checks import Thresholds
 from kvops.errors import RC, KvopsError
 from kvops.hosts import HostResult, probe_config, probe_fleet
 from kvops.inventory import load_inventory, probe_options, probe_settings
-from kvops.report.findings import render_terminal, to_junit
+from kvops.report.findings import render_terminal, write_junit
 from kvops.ssh import SshOptions
 from kvops.validate import judge_fleet, load_evidence, save_evidence
 
@@ -196,8 +196,7 @@ def validate(
         err.print(f"saved {len(paths)} evidence documents to {save_dir}")
     fleet = judge_fleet(documents, thresholds)
     if junit_file is not None:
-        junit_file.parent.mkdir(parents=True, exist_ok=True)
-        junit_file.write_text(to_junit(fleet), encoding="utf-8")
+        write_junit(junit_file, fleet)
     if as_json:
         out = fleet.to_dict()
         if transport:
