@@ -106,7 +106,7 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
     except KeyboardInterrupt:
         interrupted = True
     status = "interrupted" if interrupted else "complete"
-    results = build_results(run_dir, seed=req.seed, slo=req.slo, status=status, warnings=warnings)
+    results = build_results(run_dir, slo=req.slo, status=status, warnings=warnings)
     write_reports(run_dir.path, results.doc, results.measured)
     return Outcome(results, interrupted, warnings)
 

@@ -88,6 +88,8 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         console.print(f"[bold yellow]warning:[/] {w}")
     if doc.get("status") != "complete":
         console.print(f"[bold yellow]run {doc.get('status')}: figures cover what completed[/]")
+    if doc.get("status_detail"):
+        console.print(f"[bold red]{doc['status_detail']}: its verdicts are void[/]")
 
 
 def _prediction_lines(doc: dict[str, Any], arm_names: list[str], console: Console) -> None:
