@@ -16,7 +16,7 @@ def main() -> None:
     Provision   ansible-playbook -i inventories/<env> playbooks/site.yml
     Validate    kvops validate -i inventories/<env>
     Prove       kvops smoke --url URL;  kvops ab-test --arm baseline=URL --arm offload=URL
-    Predict     kvops sim run --scenario multi-prefix --storage ontap-nfs-rdma-400g
+    Predict     kvops advise TRACE|PRESET;  kvops advise sizing --prefix-tokens T --num-prefixes K
     """
 
 
@@ -45,3 +45,7 @@ main.add_command(ab_test)
 from kvops.cli.sim import sim  # noqa: E402
 
 main.add_command(sim)
+
+from kvops.cli.advise import advise  # noqa: E402
+
+main.add_command(advise)
