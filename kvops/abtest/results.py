@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from kvops import __version__
+from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.predict import fidelity_warnings, predict_run
 from kvops.abtest.rundir import RunDir
 from kvops.loadgen.record import RequestRecord, iter_jsonl, read_records
@@ -254,6 +255,9 @@ def build_results(
             "comparisons": [c.to_dict() for c in comparisons],
         }
     warnings = list(warnings or [])
+    for spec in specs:
+        scenario_records = [r for r in records if r.scenario == spec.name]
+        warnings += warm_tier_warnings(scenario_records, spec.prefix_tokens, spec.name)
     warnings += [w for w in _lag_warnings(scenarios) if w not in warnings]
     prediction = predict_run(run_dir)
     if prediction is not None:

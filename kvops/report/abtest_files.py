@@ -14,7 +14,7 @@ from typing import Any
 
 from kvops.loadgen.record import RequestRecord
 from kvops.report.abtest_plots import write_plots
-from kvops.report.abtest_table import fmt_num, fmt_pct
+from kvops.report.abtest_table import fmt_num, fmt_pct, protocol_line
 
 
 def write_reports(
@@ -67,7 +67,7 @@ def markdown(doc: dict[str, Any], plots: list[Path], note: str | None) -> str:
     if doc["warnings"]:
         out += ["", "## Warnings", ""] + [f"- {w}" for w in doc["warnings"]]
     for name, sc in doc["scenarios"].items():
-        out += ["", f"## {name}: offload {sc['verdict']}", ""]
+        out += ["", f"## {name}: offload {sc['verdict']}", "", f"({protocol_line(doc, sc)})", ""]
         out += ["| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
         out += ["| " + " | ".join(r) + " |" for r in _rows(doc, name)]
         out += [""] + [
