@@ -46,7 +46,7 @@ class ExperimentError(RuntimeError):
 
 @dataclass
 class Options:
-    trials: int = 2
+    trials: int = 4
     warmup_iterations: int = 1
     reset_cache: bool = True
     timeout_s: float = 600.0

@@ -90,9 +90,10 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
 @click.option(
     "--trials",
     type=click.IntRange(1),
-    default=2,
+    default=4,
     show_default=True,
-    help="Trials per arm, in ABBA order.",
+    help="Trials per arm, in ABBA order. Each trial is one paired observation: a verdict needs "
+    "2 or more, and the interval narrows with more (an even number cancels linear drift).",
 )
 @click.option(
     "--warmup-iterations",
