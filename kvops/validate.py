@@ -8,6 +8,7 @@ as it was live.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,8 +18,7 @@ from typing import Any
 from kvops import evidence as ev
 from kvops.checks import ALL_CHECKS, SEVERITY_ORDER, Context, Finding, Severity, Thresholds
 from kvops.checks.model import finding
-
-EXIT_OK, EXIT_FAIL, EXIT_COULD_NOT_RUN = 0, 1, 2
+from kvops.errors import RC, KvopsError
 
 
 def judge(evidence: Mapping[str, Any], thresholds: Thresholds | None = None) -> list[Finding]:
@@ -72,12 +72,12 @@ class FleetResult:
             out[str(self.host_status(host))] += 1
         return out
 
-    def exit_code(self) -> int:
-        """0 all pass, 1 any FAIL, 2 some host could not be probed."""
+    def exit_code(self) -> RC:
+        """OK all pass, FAIL any FAIL, COULD_NOT_RUN some host could not be probed."""
         if self.unreachable:
-            return EXIT_COULD_NOT_RUN
+            return RC.COULD_NOT_RUN
         failed = any(f.severity is Severity.FAIL for fs in self.findings.values() for f in fs)
-        return EXIT_FAIL if failed else EXIT_OK
+        return RC.FAIL if failed else RC.OK
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,7 +90,7 @@ class FleetResult:
             },
             "unreachable": list(self.unreachable),
             "summary": self.counts(),
-            "exit_code": self.exit_code(),
+            "exit_code": int(self.exit_code()),
         }
 
 
@@ -116,17 +116,37 @@ def _file_name(host: str) -> str:
 
 
 def save_evidence(directory: Path, documents: Iterable[Mapping[str, Any]]) -> list[Path]:
-    """One JSON file per host (`<host>.json`), so a bundle diffs and greps per host."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """One JSON file per host (`<host>.json`), so a bundle diffs and greps per host.
+
+    The documents hold the service's environment, unit, argv and configs (secrets redacted on
+    the host, but still an inventory of the site), so a new directory is 0700 and every file
+    0600, written without following a link planted at its name."""
+    if not directory.exists():
+        directory.mkdir(parents=True, mode=0o700)
+        directory.chmod(0o700)  # mkdir's mode is masked by the umask
     paths = []
+    names: dict[str, str] = {}
     for document in documents:
-        path = directory / _file_name(str(document.get("host") or "unknown"))
-        path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        host = str(document.get("host") or "unknown")
+        name = _file_name(host)
+        if name in names:
+            raise EvidenceError(f"{directory / name}: hosts {names[name]!r} and {host!r} map to it")
+        names[name] = host
+        path = directory / name
+        data = (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            raise EvidenceError(f"{path}: cannot write ({exc.strerror or exc})") from exc
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o600)  # an existing file keeps its mode otherwise
+            fh.write(data)
         paths.append(path)
     return paths
 
 
-class EvidenceError(Exception):
+class EvidenceError(KvopsError):
     """A bundle that cannot be read: the CLI turns this into exit 2 with the message."""
 
 
@@ -135,6 +155,7 @@ def load_evidence(directory: Path) -> list[dict[str, Any]]:
     if not directory.is_dir():
         raise EvidenceError(f"{directory}: not a directory")
     documents = []
+    seen: dict[str, Path] = {}
     for path in sorted(directory.glob("*.json")):
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
@@ -144,6 +165,13 @@ def load_evidence(directory: Path) -> list[dict[str, Any]]:
             raise EvidenceError(f"{path}: line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
         if not isinstance(document, dict) or "host" not in document:
             raise EvidenceError(f"{path}: not an evidence document (no 'host')")
+        host = str(document["host"])
+        if host in seen:
+            raise EvidenceError(
+                f"{path}: host {host!r} already read from {seen[host].name}; "
+                "one evidence document per host (which one is true?)"
+            )
+        seen[host] = path
         documents.append(document)
     if not documents:
         raise EvidenceError(f"{directory}: no *.json evidence files")
