@@ -247,3 +247,12 @@ class Context:
     def gds_dir(self) -> str | None:
         value = self.settings.get("gds_dir")
         return str(value) if value else None
+
+    def real_path(self, path: str) -> str:
+        """The path with its symlinks resolved on the host (the probe resolves the GDS
+        directory and LMCache's gds_path), else the path as given (older bundles)."""
+        data = self.data(ev.GDS_DIR, partial_ok=True) or {}
+        resolved = data.get("resolved_paths")
+        if isinstance(resolved, dict) and isinstance(resolved.get(path), str):
+            return str(resolved[path])
+        return path

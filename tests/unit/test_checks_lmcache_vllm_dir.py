@@ -249,3 +249,47 @@ def test_service_log_warnings_fail_offload_hosts() -> None:
     assert findings_for(doc, "GDS-066")[0][0] == "SKIP"
     doc = edited(vllm_journal=command(["journalctl"], "", exit_code=127))
     assert findings_for(doc, "GDS-066")[0][0] == "SKIP"
+
+
+def _resolved(doc: dict[str, Any], paths: dict[str, str]) -> None:
+    doc["items"]["gds_dir"]["data"]["resolved_paths"] = paths
+
+
+def test_symlinks_are_resolved_before_matching_a_mount() -> None:
+    """`gds_path: /kv` is a link to the NFS/RDMA directory: judged where the I/O goes."""
+    doc = healthy()
+    doc["items"]["lmcache_config"]["stdout"] = LMCACHE_YAML.replace("/mnt/lmcache", "/kv")
+    doc["items"]["mounts"]["stdout"] += "/dev/sda3 / xfs rw 0 0\n"
+    assert findings_for(doc, "GDS-060")[0][0] == "FAIL"  # unresolved: on / (xfs)
+    _resolved(doc, {"/mnt/lmcache": "/mnt/lmcache", "/kv": "/mnt/lmcache"})
+    [(severity, message)] = findings_for(doc, "GDS-060")
+    assert severity == "PASS" and "/kv (→ /mnt/lmcache)" in message
+
+
+def test_a_link_from_overlay_turns_gds_off_in_lmcache() -> None:
+    doc = healthy()
+    doc["items"]["lmcache_config"]["stdout"] = LMCACHE_YAML.replace("/mnt/lmcache", "/kv")
+    doc["items"]["mounts"]["stdout"] += "overlay / overlay rw 0 0\n"
+    _resolved(doc, {"/mnt/lmcache": "/mnt/lmcache", "/kv": "/mnt/lmcache"})
+    [(severity, message)] = findings_for(doc, "GDS-060")
+    assert severity == "FAIL" and "turns GDS off" in message
+    doc["items"]["lmcache_config"]["stdout"] += "use_gds: true\n"
+    assert findings_for(doc, "GDS-060")[0][0] == "PASS"
+
+
+def test_declared_gds_dir_must_be_where_lmcache_writes() -> None:
+    doc = healthy()
+    doc["settings"]["gds_dir"] = "/data/kv"
+    doc["items"]["mounts"]["stdout"] += "/dev/sda3 / xfs rw 0 0\n"
+    _resolved(doc, {"/data/kv": "/data/kv", "/mnt/lmcache": "/mnt/lmcache"})
+    assert [s for s, _ in findings_for(doc, "GDS-060")] == ["PASS", "WARN"]
+    _resolved(doc, {"/data/kv": "/mnt/lmcache", "/mnt/lmcache": "/mnt/lmcache"})
+    assert [s for s, _ in findings_for(doc, "GDS-060")] == ["PASS"]
+
+
+def test_read_only_mount_makes_the_gds_dir_unusable() -> None:
+    doc = healthy()
+    mounts = doc["items"]["mounts"]  # the recorded `mount` line of the ONTAP export
+    mounts["stdout"] = mounts["stdout"].replace("(rw,relatime,", "(ro,relatime,")
+    [(severity, message)] = findings_for(doc, "GDS-080")
+    assert severity == "FAIL" and "read-only" in message

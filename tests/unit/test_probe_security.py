@@ -234,3 +234,15 @@ def test_saving_does_not_follow_a_planted_link(tmp_path: Path) -> None:
 
 def test_nobody_exists_for_the_user_switch_tests() -> None:
     assert pwd.getpwnam("nobody").pw_uid != 0
+
+
+def test_gds_dir_and_lmcache_gds_paths_are_resolved_in_the_child(tmp_path: Path) -> None:
+    real = tmp_path / "nfs" / "kv"
+    real.mkdir(parents=True)
+    link = tmp_path / "kv"
+    link.symlink_to(real)
+    probe = Probe({})
+    probe.items["lmcache_config"] = {"stdout": f"chunk_size: 256\ngds_path: '{link}'  # link\n"}
+    storage.gds_dir(probe, str(link), None, {"LMCACHE_GDS_PATH": f"{link},relative"})
+    resolved = probe.items[ev.GDS_DIR]["data"]["resolved_paths"]
+    assert resolved == {str(link): str(real)}
