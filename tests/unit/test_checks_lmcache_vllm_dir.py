@@ -293,3 +293,43 @@ def test_read_only_mount_makes_the_gds_dir_unusable() -> None:
     mounts["stdout"] = mounts["stdout"].replace("(rw,relatime,", "(ro,relatime,")
     [(severity, message)] = findings_for(doc, "GDS-080")
     assert severity == "FAIL" and "read-only" in message
+
+
+def _no_connector_in_argv(doc: dict[str, Any]) -> None:
+    doc["items"]["vllm_process"]["data"]["argv"] = ["/bin/bash", "/opt/run-vllm.sh"]
+    doc["items"]["vllm_unit"]["stdout"] = "[Service]\nExecStart=/bin/bash /opt/run-vllm.sh\n"
+
+
+def test_connector_found_in_config_file_wrapper_and_container_child() -> None:
+    doc = healthy()
+    _no_connector_in_argv(doc)
+    assert findings_for(doc, "GDS-072")[0][0] == "FAIL"
+    kv = json.loads(KV_TRANSFER)
+    config = f"model: m\nkv-transfer-config: '{json.dumps(kv)}'\n"
+    doc["items"]["vllm_config_file"] = file_item("/etc/vllm/serve.yaml", config)
+    [(severity, message)] = findings_for(doc, "GDS-072")
+    assert severity == "PASS" and "from --config file" in message
+    doc = healthy()
+    _no_connector_in_argv(doc)
+    script = (
+        f"#!/bin/bash\nexec /opt/vllm/bin/vllm serve m \\\n  --kv-transfer-config '{KV_TRANSFER}'\n"
+    )
+    doc["items"]["vllm_wrapper"] = file_item("/opt/run-vllm.sh", script)
+    assert "from wrapper script" in findings_for(doc, "GDS-072")[0][1]
+    doc = healthy()
+    data = doc["items"]["vllm_process"]["data"]
+    data["argv"] = ["/usr/bin/conmon", "--cid", "abc"]
+    data["serving_argv"] = ["python3", "-m", "vllm.entrypoints.openai.api_server",
+                            "--kv-transfer-config", KV_TRANSFER]  # fmt: skip
+    assert "from serving process" in findings_for(doc, "GDS-072")[0][1]
+
+
+def test_dynamic_lmcache_connector_counts() -> None:
+    dynamic = {
+        "kv_connector": "LMCacheConnectorV1Dynamic",
+        "kv_connector_module_path": "lmcache.integration.vllm.lmcache_connector_v1",
+        "kv_role": "kv_both",
+    }
+    doc = healthy()
+    doc["items"]["vllm_process"]["data"]["argv"][-1] = json.dumps(dynamic)
+    assert findings_for(doc, "GDS-072")[0][0] == "PASS"
