@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from kvops.errors import KvopsError
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session, send_request
 from kvops.parse.prometheus import PrometheusText, parse_prometheus_text
 from kvops.smoke import COUNTERS, ChunkFile, Eviction, MetricsSnapshot, RequestResult, SmokeEvidence
@@ -43,7 +44,7 @@ HTTP_TIMEOUT_S = 30.0
 Progress = Callable[[str], None]
 
 
-class SmokeError(Exception):
+class SmokeError(KvopsError):
     """The smoke could not run (unreachable server, failed request): exit 2, one-line reason."""
 
 

@@ -2,8 +2,8 @@
 
 libcufile ignores keys it does not know, so a typo (`allow_compat_mod`) silently keeps the
 default. Every key is compared with the list recognised by libcufile 1.14.1.1 plus the CUDA
-13.x additions (shared/reference/gds_ontap.md §1); unknown ones come with the closest known
-key as a suggestion.
+13.x additions (cufile_keys.json, shared with the cufile role); unknown ones come with the
+closest known key as a suggestion.
 """
 
 from __future__ import annotations
@@ -11,93 +11,20 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
-_FS_COMMON = ("posix_gds_min_kb", "mount_table", "rdma_dev_addr_list", "use_pci_p2pdma")
-KNOWN_KEYS: frozenset[str] = frozenset(
-    [
-        "logging.dir",
-        "logging.level",
-        "logging.max_file_size_mb",
-        "profile.nvtx",
-        "profile.cufile_stats",
-        *(
-            f"execution.{k}"
-            for k in (
-                "max_io_queue_depth",
-                "max_io_threads",
-                "parallel_io",
-                "min_io_threshold_size_kb",
-                "max_request_parallelism",
-            )
-        ),
-        *(
-            f"properties.{k}"
-            for k in (
-                "allow_compat_mode",
-                "allow_system_memory",
-                "force_compat_mode",
-                "force_odirect_mode",
-                "gds_rdma_write_support",
-                "io_batchsize",
-                "io_priority",
-                "max_batch_io_size",
-                "max_batch_io_timeout_msecs",
-                "max_device_cache_size_kb",
-                "max_device_pinned_mem_size_kb",
-                "max_direct_io_size_kb",
-                "per_buffer_cache_size_kb",
-                "poll_mode_max_size_kb",
-                "posix_pool_slab_count",
-                "posix_pool_slab_size_kb",
-                "prefer_iouring",
-                "rdma_access_mask",
-                "rdma_dc_key",
-                "rdma_dev_addr_list",
-                "rdma_dynamic_routing",
-                "rdma_dynamic_routing_order",
-                "rdma_load_balancing_policy",
-                "rdma_peer_type",
-                "rdma_service_level",
-                "rdma_topN_ranks",
-                "use_pci_p2pdma",
-                "use_poll_mode",
-                "gpu_bounce_buffer_slab_config.slab_size_kb",
-                "gpu_bounce_buffer_slab_config.slab_count",
-            )
-        ),
-        "fs.generic.posix_unaligned_writes",
-        "fs.nfs.mount_table",
-        "fs.nfs.rdma_dev_addr_list",
-        "fs.nfs.use_pci_p2pdma",
-        *(f"fs.{fs}.{k}" for fs in ("lustre", "beegfs", "scatefs") for k in _FS_COMMON),
-        *(
-            f"fs.gpfs.{k}"
-            for k in (
-                "gds_write_support",
-                "gds_async_support",
-                "mount_table",
-                "rdma_dev_addr_list",
-                "use_pci_p2pdma",
-            )
-        ),
-        *(f"fs.weka.{k}" for k in ("rdma_write_support", "mount_table", "rdma_dev_addr_list")),
-        "fs.virtiofs.use_pci_p2pdma",
-        *(f"block.{b}.use_pci_p2pdma" for b in ("nvme", "nvmeof", "raid")),
-        *(f"denylist.{k}" for k in ("drivers", "devices", "mounts", "filesystems")),
-        *(
-            f"miscellaneous.{k}"
-            for k in (
-                "api_check_aggressive",
-                "rcu_library_used",
-                "skip_topology_detection",
-                "stream_memops_bypass",
-                "enable_static_routing",
-                "static_routing_filepath",
-            )
-        ),
-    ]
-)
+
+def _load_key_types() -> dict[str, str]:
+    """The one key list (with value types) shared with the cufile role, which links to it."""
+    text = resources.files(__package__).joinpath("cufile_keys.json").read_text(encoding="utf-8")
+    keys: dict[str, str] = json.loads(text)["keys"]
+    return keys
+
+
+# Dotted key -> JSON type of its value: bool, int, str, list[int], list[str], dict.
+KEY_TYPES: dict[str, str] = _load_key_types()
+KNOWN_KEYS: frozenset[str] = frozenset(KEY_TYPES)
 # Children of a mount_table are mount paths (free names), each holding these keys.
 MOUNT_TABLE_ENTRY_KEYS = frozenset({"rdma_dev_addr_list"})
 

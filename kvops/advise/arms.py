@@ -1,0 +1,199 @@
+"""One arm of the experiment, replayed through the simulator's model in virtual time.
+
+Requests are fed to the engine as virtual time reaches them (the way `kvops sim serve` feeds
+arrivals), and each finished request is folded into running sums at once, so memory stays
+bounded by the requests in flight, not by the trace. Metrics follow `vllm bench serve`'s
+definitions (vllm/benchmarks/serve.py): TTFT from arrival to the first token, ITL the gaps
+between successive tokens, total token throughput = (prompt + output tokens) / duration, the
+duration running from the first arrival to the last completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvops.advise.workload import PromptBuilder, TraceRequest, Workload
+from kvops.sim.model import Engine, EngineSettings, build_engine
+from kvops.sim.profiles import GpuProfile, ModelProfile, StorageProfile
+from kvops.sim.records import Request, RequestRecord
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Profiles:
+    model: ModelProfile
+    gpu: GpuProfile
+    storage: StorageProfile
+
+
+@dataclass
+class ArmResult:
+    """What one arm did over the whole workload (virtual seconds, tokens)."""
+
+    name: str
+    num_gpu_blocks: int = 0
+    completed: int = 0
+    rejected: list[str] = field(default_factory=list)
+    first_arrival_s: float = 0.0
+    last_finish_s: float = 0.0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    gpu_hit_tokens: int = 0
+    offload_hit_tokens: int = 0
+    preemptions: int = 0
+    itl_sum_s: float = 0.0
+    e2e_sum_s: float = 0.0
+    itl_count: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, self.last_finish_s - self.first_arrival_s)
+
+    @property
+    def total_token_throughput_tok_s(self) -> float:
+        d = self.duration_s
+        return (self.prompt_tokens + self.output_tokens) / d if d > 0 else 0.0
+
+    @property
+    def mean_ttft_ms(self) -> float:
+        return 1e3 * float(np.mean(self.ttft_s)) if self.ttft_s else 0.0
+
+    def ttft_percentile_ms(self, q: float) -> float:
+        return 1e3 * float(np.percentile(self.ttft_s, q)) if self.ttft_s else 0.0
+
+    @property
+    def mean_itl_ms(self) -> float:
+        return 1e3 * self.itl_sum_s / self.itl_count if self.itl_count else 0.0
+
+    @property
+    def gpu_hit_rate(self) -> float:
+        return self.gpu_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def total_hit_rate(self) -> float:
+        """Prompt tokens served from any cache (GPU prefix cache plus offload tier)."""
+        hits = self.gpu_hit_tokens + self.offload_hit_tokens
+        return hits / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def add(self, rec: RequestRecord) -> None:
+        self.completed += 1
+        self.prompt_tokens += rec.prompt_tokens
+        self.output_tokens += len(rec.token_times_s)
+        self.gpu_hit_tokens += rec.gpu_hit_tokens
+        self.offload_hit_tokens += rec.offload_hit_tokens
+        self.preemptions += rec.num_preemptions
+        times = rec.token_times_s
+        if rec.first_token_s is not None:
+            self.ttft_s.append(rec.first_token_s - rec.arrival_s)
+        if len(times) > 1:
+            self.itl_sum_s += times[-1] - times[0]
+            self.itl_count += len(times) - 1
+        if rec.finish_s is not None:
+            self.e2e_sum_s += rec.finish_s - rec.arrival_s
+            self.last_finish_s = max(self.last_finish_s, rec.finish_s)
+
+    @property
+    def mean_concurrency(self) -> float:
+        """Requests in flight on average (Little's law: total time in system / duration)."""
+        d = self.duration_s
+        return self.e2e_sum_s / d if d > 0 else 0.0
+
+    def summary(self) -> dict[str, float | int]:
+        return {
+            "completed": self.completed,
+            "rejected": len(self.rejected),
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "duration_s": self.duration_s,
+            "total_token_throughput_tok_s": self.total_token_throughput_tok_s,
+            "mean_ttft_ms": self.mean_ttft_ms,
+            "p50_ttft_ms": self.ttft_percentile_ms(50),
+            "p99_ttft_ms": self.ttft_percentile_ms(99),
+            "mean_itl_ms": self.mean_itl_ms,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "gpu_hit_tokens": self.gpu_hit_tokens,
+            "offload_hit_tokens": self.offload_hit_tokens,
+            "gpu_hit_rate": self.gpu_hit_rate,
+            "total_hit_rate": self.total_hit_rate,
+            "preemptions": self.preemptions,
+        }
+
+
+def run_arm(
+    name: str,
+    workload: Workload,
+    builder: PromptBuilder,
+    profiles: Profiles,
+    settings: EngineSettings,
+    progress: Progress | None = None,
+) -> ArmResult:
+    """Replay every group of the workload through one engine; EngineError if the engine cannot
+    be built (e.g. no KV memory left)."""
+    engine = build_engine(profiles.model, profiles.gpu, profiles.storage, settings)
+    result = ArmResult(name, num_gpu_blocks=engine.cache.num_blocks)
+    first = True
+    for group in workload.groups:
+        base_s = engine.now_s if group.closed else 0.0
+        reqs = group.requests
+        if first and reqs:
+            result.first_arrival_s = base_s + reqs[0].arrival_s
+            first = False
+        i, n = 0, len(reqs)
+        while True:
+            if not engine.has_work():
+                if i == n:
+                    break
+                i = _add(engine, reqs, i, base_s, builder, result, limit_s=None)
+                continue
+            i = _add(engine, reqs, i, base_s, builder, result, engine.next_step_start_s())
+            step = engine.step()
+            if step is None or not step.finished:
+                continue
+            for rec in step.finished:
+                result.add(rec)
+            if progress is not None:
+                progress(len(step.finished))
+    if progress is not None and result.rejected:
+        progress(len(result.rejected))
+    return result
+
+
+def _add(
+    engine: Engine,
+    reqs: list[TraceRequest],
+    i: int,
+    base_s: float,
+    builder: PromptBuilder,
+    result: ArmResult,
+    limit_s: float | None,
+) -> int:
+    """Add requests from index i whose arrival is at or before `limit_s` (at least one when
+    `limit_s` is None); returns the next index. Requests the engine refuses are recorded."""
+    n = len(reqs)
+    while i < n and (limit_s is None or base_s + reqs[i].arrival_s <= limit_s):
+        req = reqs[i]
+        i += 1
+        if req.prompt_len + req.output_tokens > engine.max_model_len:
+            # Refused before its tokens are built: a bogus length must not allocate them.
+            result.rejected.append(
+                f"line {req.line}: {req.prompt_len} prompt + {req.output_tokens} output tokens "
+                f"exceed the model's maximum context length ({engine.max_model_len})"
+            )
+            if limit_s is None:
+                break
+            continue
+        arrival_s = base_s + req.arrival_s
+        model_req = Request(str(req.line), arrival_s, builder.tokens(req), req.output_tokens)
+        try:
+            engine.add_request(model_req)
+        except ValueError as exc:
+            result.rejected.append(f"line {req.line}: {exc}")
+            continue
+        if limit_s is None:
+            break
+    return i

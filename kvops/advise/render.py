@@ -1,0 +1,202 @@
+"""The advise report three ways: a dict for `--json`, Markdown for `--markdown`, plain terminal
+lines. All three carry the same facts; only layout differs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvops.advise.analysis import Analysis
+from kvops.advise.recommend import Advice
+
+LABELS = {
+    "total_token_throughput_tok_s": ("throughput", "tok/s"),
+    "mean_ttft_ms": ("mean TTFT", "ms"),
+    "p99_ttft_ms": ("p99 TTFT", "ms"),
+    "mean_itl_ms": ("mean ITL", "ms"),
+}
+
+
+def report_dict(a: Analysis, advice: Advice) -> dict[str, Any]:
+    w = a.workload
+    return {
+        "source": w.source,
+        "kind": w.kind,
+        "requests": w.num_requests,
+        "profiles": {
+            "model": a.profiles.model.name,
+            "gpu": a.profiles.gpu.name,
+            "storage": a.profiles.storage.name,
+            "storage_read_gb_s": a.profiles.storage.read_bandwidth_gb_s,
+            "storage_write_gb_s": a.profiles.storage.write_bandwidth_gb_s,
+            "storage_io_latency_us": a.profiles.storage.io_latency_us,
+        },
+        "verdict": advice.verdict,
+        "readings": dict(zip(["nominal", *a.corner_names], advice.readings, strict=True)),
+        "reference_case": advice.case,
+        "reference_case_name": advice.case_name,
+        "prefix_hit_rate_gpu_only": a.baseline.gpu_hit_rate,
+        "prefix_hit_rate_with_offload": a.offload.total_hit_rate,
+        "deltas": [
+            {
+                "metric": d.metric,
+                "baseline": d.baseline,
+                "offload": d.offload,
+                "delta_pct": d.pct,
+                "delta_low_pct": d.low_pct,
+                "delta_high_pct": d.high_pct,
+            }
+            for d in a.deltas
+        ],
+        "reuse": {
+            "reuse_share": a.reuse.reuse_share,
+            "shared_working_set_tokens": a.reuse.shared_working_set_tokens,
+            "distinct_shared_prefixes": a.reuse.distinct_shared_prefixes,
+            "typical_shared_prefix_tokens": a.reuse.typical_shared_prefix_tokens,
+        },
+        "gpu_kv_capacity_tokens": a.sizing.gpu_kv_capacity_tokens,
+        "sizing": a.sizing.to_dict(),
+        "break_even_read_gb_s": a.sizing.break_even_read_gb_s,
+        "simulated_break_even_read_gb_s": a.sim_break_even_gb_s,
+        "flip_points": advice.flip_points,
+        "recommended_settings": advice.settings,
+        "explanation": advice.explanation,
+        "arms": {"baseline": a.baseline.summary(), "offload": a.offload.summary()},
+        "sample_requests": a.sample_requests,
+        "notes": notes(a),
+        "skipped_lines": w.skipped_lines,
+    }
+
+
+def notes(a: Analysis) -> list[str]:
+    out = list(a.workload.notes)
+    if a.sample_requests is not None:
+        out.append(
+            f"ranges and the read-bandwidth flip point come from the first {a.sample_requests:,} "
+            "requests (--sample-requests)"
+        )
+    for arm in (a.baseline, a.offload):
+        if arm.rejected:
+            out.append(
+                f"{arm.name}: {len(arm.rejected)} request(s) refused, first: {arm.rejected[0]}"
+            )
+    if a.corner_names:
+        out.append(
+            "ranges: prefill MFU x0.82..x1.18, storage bandwidth x0.7..x1.15, I/O latency "
+            "x0.5..x2.5 around the profiles (kvops.advise.ranges)"
+        )
+    return out
+
+
+def _fmt(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "none found"
+    return f"{x:,.2f}{unit}" if abs(x) < 100 else f"{x:,.0f}{unit}"
+
+
+def _table(a: Analysis) -> list[tuple[str, str, str, str]]:
+    rows = []
+    for d in a.deltas:
+        label, unit = LABELS[d.metric]
+        rows.append(
+            (
+                f"{label} ({unit})",
+                _fmt(d.baseline),
+                _fmt(d.offload),
+                f"{d.pct:+.1f}% ({d.low_pct:+.1f}..{d.high_pct:+.1f})",
+            )
+        )
+    rows.append(
+        (
+            "prefix hit rate",
+            f"{a.baseline.gpu_hit_rate:.0%}",
+            f"{a.offload.total_hit_rate:.0%}",
+            f"GPU {a.offload.gpu_hit_rate:.0%} + offload "
+            f"{a.offload.total_hit_rate - a.offload.gpu_hit_rate:.0%}",
+        )
+    )
+    return rows
+
+
+def _flip_lines(a: Analysis, advice: Advice) -> list[str]:
+    f = advice.flip_points
+    read = f.get("read_gb_s")
+    out = [
+        f"break-even read bandwidth: {a.sizing.break_even_read_gb_s:.2f} GB/s closed form, "
+        f"{_fmt(a.sim_break_even_gb_s, ' GB/s')} simulated "
+        f"(storage: {a.profiles.storage.read_bandwidth_gb_s:g} GB/s)",
+        "flip point, read bandwidth: "
+        + (
+            f"offload throughput meets baseline at {read:.2f} GB/s"
+            if isinstance(read, float)
+            else "none (no bandwidth changes the answer)"
+        ),
+        f"flip point, distinct prefixes: {f['distinct_prefixes_note']}",
+    ]
+    out_tokens = f.get("output_tokens")
+    out.append(
+        "flip point, output length: "
+        + (
+            f"the throughput gain falls under {a.options.effect_pct:g}% above ~{out_tokens:,} "
+            "output tokens per request (the TTFT gain stays)"
+            if isinstance(out_tokens, int)
+            else "none (no throughput gain for longer outputs to dilute)"
+        )
+    )
+    return out
+
+
+def terminal_lines(a: Analysis, advice: Advice) -> list[str]:
+    p = a.profiles
+    head = (
+        f"{a.workload.source}: {a.workload.num_requests:,} requests; {p.model.name} on "
+        f"{p.gpu.name} (tp={a.options.tensor_parallel_size}), storage {p.storage.name}"
+    )
+    lines = [head, "", f"VERDICT: offload {advice.verdict.upper()}  ({advice.case_name})", ""]
+    rows = [("", "baseline", "offload", "delta (range)"), *_table(a)]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        lines.append(
+            "  "
+            + "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+    lines += ["", *_flip_lines(a, advice), "", "Why:"]
+    lines += [f"  {x}" for x in advice.explanation]
+    lines += ["", "Recommended settings:"]
+    for key in ("offload", "chunk_size", "cpu_tier_note", "gds_buffer_size_mib", "kv_memory_note"):
+        lines.append(f"  {key}: {advice.settings[key]}")
+    shown = notes(a)
+    if shown or a.workload.skipped_lines:
+        lines += ["", "Notes:"]
+        lines += [f"  {n}" for n in shown]
+        lines += [f"  skipped {x}" for x in a.workload.skipped_lines[:20]]
+        if len(a.workload.skipped_lines) > 20:
+            lines.append(f"  ... {len(a.workload.skipped_lines) - 20} more skipped lines")
+    return lines
+
+
+def markdown(a: Analysis, advice: Advice) -> str:
+    p = a.profiles
+    out = [
+        f"# kvops advise: offload **{advice.verdict}**",
+        "",
+        f"- Workload: `{a.workload.source}` ({a.workload.num_requests:,} requests)",
+        f"- Hardware: {p.model.name} on {p.gpu.name} (tp={a.options.tensor_parallel_size}), "
+        f"storage {p.storage.name} ({p.storage.read_bandwidth_gb_s:g} GB/s read)",
+        f"- Reference case {advice.case}: {advice.case_name}",
+        "",
+        "| metric | baseline | offload | delta (range) |",
+        "|---|---:|---:|---:|",
+    ]
+    out += [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |" for r in _table(a)]
+    out += ["", "## Flip points", ""] + [f"- {x}" for x in _flip_lines(a, advice)]
+    out += ["", "## Why", ""] + [f"- {x}" for x in advice.explanation]
+    out += ["", "## Recommended settings", ""]
+    for key in ("offload", "chunk_size", "cpu_tier_note", "gds_buffer_size_mib", "kv_memory_note"):
+        out.append(f"- `{key}`: {advice.settings[key]}")
+    shown = notes(a)
+    if shown:
+        out += ["", "## Notes", ""] + [f"- {n}" for n in shown]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,155 @@
+"""What `kvops advise` replays: requests in release groups, and how each becomes model tokens.
+
+A trace is one open group (every request at its own recorded arrival). A batch-mode workload
+spec is a series of closed groups: each is released when the previous one has finished, the way
+`kvops ab-test` drives a server. A request's prompt is held in the most compact form its source
+gives: token ids, or prefix-block hash ids plus a length (the Mooncake trace format, FAST'25,
+github.com/kvcache-ai/Mooncake `FAST25-release/traces`: `hash_ids` name 512-token blocks, equal
+ids mean an equal prefix). Hash ids become tokens only when the request is fed to the model,
+so a 100,000-request trace never holds every prompt in memory at once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from kvops.sim.hashing import PromptHasher
+
+TokenArray = npt.NDArray[np.int64]
+# Token ids below this are often control/special tokens; generated ids stay above them.
+_LOW_ID = 16
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request. Exactly one of `token_ids` and `hash_ids` is set; `prompt_len` is the
+    prompt's length in tokens either way."""
+
+    arrival_s: float
+    prompt_len: int
+    output_tokens: int
+    token_ids: TokenArray | None = None
+    hash_ids: tuple[int, ...] | None = None
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Group:
+    """Requests released together. `closed`: released when the previous group finished, with
+    arrivals as offsets from that moment; otherwise arrivals are absolute trace times."""
+
+    requests: list[TraceRequest]
+    closed: bool = False
+
+
+@dataclass
+class Workload:
+    """Everything to replay, where it came from, and what the reader had to assume."""
+
+    source: str
+    kind: str  # "trace", "records", "spec"
+    groups: list[Group]
+    hash_block_tokens: int = 512
+    notes: list[str] = field(default_factory=list)
+    skipped_lines: list[str] = field(default_factory=list)
+
+    @property
+    def num_requests(self) -> int:
+        return sum(len(g.requests) for g in self.groups)
+
+    def requests(self) -> Iterator[TraceRequest]:
+        for group in self.groups:
+            yield from group.requests
+
+
+class PromptBuilder:
+    """Token ids the model hashes, for any request; identical prefixes give identical tokens.
+
+    A hash-id block becomes `hash_block_tokens` tokens: the id itself in the first two tokens
+    (base vocab), then a fixed filler, so blocks with equal ids are equal token runs and blocks
+    with different ids differ, and the model's chained block hashes see exactly the trace's
+    prefix sharing. Tokens past the hashed blocks are unique to the request (seeded by its line).
+    """
+
+    def __init__(self, vocab_size: int, hash_block_tokens: int, seed: int = 0) -> None:
+        self.vocab_size = vocab_size
+        self.block = hash_block_tokens
+        self.seed = seed
+        span = vocab_size - _LOW_ID
+        self._span = span
+        self._filler = (np.arange(hash_block_tokens, dtype=np.int64) * 7919) % span + _LOW_ID
+
+    def tokens(self, req: TraceRequest) -> TokenArray:
+        if req.token_ids is not None:
+            return req.token_ids
+        ids = np.asarray(req.hash_ids or (), dtype=np.int64)
+        blocks = np.empty((ids.shape[0], self.block), dtype=np.int64)
+        blocks[:] = self._filler
+        if ids.shape[0]:
+            blocks[:, 0] = ids % self._span + _LOW_ID
+            blocks[:, 1] = (ids // self._span) % self._span + _LOW_ID
+        flat = blocks.reshape(-1)[: req.prompt_len]
+        missing = req.prompt_len - flat.shape[0]
+        if missing <= 0:
+            return flat
+        rng = np.random.default_rng([self.seed, req.line, 1])
+        tail = rng.integers(_LOW_ID, self.vocab_size, missing, dtype=np.int64)
+        return np.concatenate((flat, tail))
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """How much of the traffic repeats earlier prompts, counted in whole chunks (or whole hash
+    blocks for hash-id traces): the upper bound on what any prefix cache could serve."""
+
+    prompt_tokens: int
+    reusable_tokens: int  # tokens in units some earlier request already had
+    shared_working_set_tokens: int  # tokens of the distinct units seen more than once
+    distinct_shared_prefixes: int  # distinct first units among requests that share one
+    typical_shared_prefix_tokens: int  # median shared length among requests that reuse
+
+    @property
+    def reuse_share(self) -> float:
+        return self.reusable_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def measure_reuse(workload: Workload, builder: PromptBuilder, unit_tokens: int) -> Reuse:
+    """One pass over the prompts, hashing `unit_tokens`-token chunks the way LMCache keys them
+    (the simulator's `PromptHasher`, chained over the whole prefix). Requests given as hash ids
+    are counted by their ids directly (one unit per hash block), which needs no tokens at all."""
+    hasher = PromptHasher(unit_tokens, unit_tokens)
+    seen: Counter[int] = Counter()
+    first_of: Counter[int] = Counter()
+    total = reusable = 0
+    shared_tokens = 0
+    shared_lengths: list[int] = []
+    for req in workload.requests():
+        total += req.prompt_len
+        if req.hash_ids is not None:
+            unit = builder.block
+            keys = [-1 - h for h in req.hash_ids[: req.prompt_len // unit]]  # full blocks only
+        else:
+            unit = unit_tokens
+            keys = hasher(builder.tokens(req))[1]
+        hits = 0
+        for h in keys:
+            if h not in seen:
+                break
+            hits += 1
+        reusable += hits * unit
+        if hits:
+            shared_lengths.append(hits * unit)
+        for h in keys:
+            if seen[h] == 1:  # seen once before: now shared
+                shared_tokens += unit
+            seen[h] += 1
+        if keys:
+            first_of[keys[0]] += 1
+    distinct = sum(1 for c in first_of.values() if c > 1)
+    typical = int(np.median(shared_lengths)) if shared_lengths else 0
+    return Reuse(total, reusable, shared_tokens, distinct, typical)
