@@ -8,8 +8,8 @@ from pathlib import Path
 
 from .api import Cluster
 from .server import OntapRestDouble
-from .tls import TestPki, make_test_pki
+from .tls import DoublePki, make_test_pki
 
 STATES = Path(__file__).parent / "states"
 
-__all__ = ["STATES", "Cluster", "OntapRestDouble", "TestPki", "make_test_pki"]
+__all__ = ["STATES", "Cluster", "DoublePki", "OntapRestDouble", "make_test_pki"]

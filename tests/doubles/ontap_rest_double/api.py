@@ -178,8 +178,8 @@ def not_found() -> ApiError:
 
 
 def parse_version(text: str) -> Version:
-    parts = [int(p) for p in re.findall(r"\d+", text)[:3]]
-    return (parts + [0, 0, 0])[0], (parts + [0, 0, 0])[1], (parts + [0, 0, 0])[2]
+    gen, major, minor = [*(int(p) for p in re.findall(r"\d+", text)[:3]), 0, 0, 0][:3]
+    return gen, major, minor
 
 
 def _text(value: Any) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from .api import Cluster
-from .tls import TestPki
+from .tls import DoublePki
 
 
 def _authorised(cluster: Cluster, header: str) -> bool:
@@ -63,7 +63,7 @@ class OntapRestDouble:
     """Start with `with OntapRestDouble(cluster, pki) as double:`; `double.url` is the
     `https://127.0.0.1:<port>` base, `double.cluster.writes` every write it received."""
 
-    def __init__(self, cluster: Cluster, pki: TestPki) -> None:
+    def __init__(self, cluster: Cluster, pki: DoublePki) -> None:
         self.cluster = cluster
         self.pki = pki
         self.port = 0

@@ -20,7 +20,7 @@ from cryptography.x509.oid import NameOID
 
 
 @dataclass(frozen=True)
-class TestPki:
+class DoublePki:
     ca_file: Path
     cert_file: Path
     key_file: Path
@@ -41,7 +41,7 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
     path.chmod(0o600)
 
 
-def make_test_pki(directory: Path, label: str = "kvops-test") -> TestPki:
+def make_test_pki(directory: Path, label: str = "kvops-test") -> DoublePki:
     """A CA and a server certificate for 127.0.0.1 and localhost, valid for one day."""
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
@@ -99,7 +99,7 @@ def make_test_pki(directory: Path, label: str = "kvops-test") -> TestPki:
         )
         .sign(ca_key, hashes.SHA256())
     )
-    pki = TestPki(directory / "ca.pem", directory / "server.pem", directory / "server.key")
+    pki = DoublePki(directory / "ca.pem", directory / "server.pem", directory / "server.key")
     pki.ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     pki.cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_key(key, pki.key_file)
