@@ -8,6 +8,7 @@ as it was live.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -115,12 +116,32 @@ def _file_name(host: str) -> str:
 
 
 def save_evidence(directory: Path, documents: Iterable[Mapping[str, Any]]) -> list[Path]:
-    """One JSON file per host (`<host>.json`), so a bundle diffs and greps per host."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """One JSON file per host (`<host>.json`), so a bundle diffs and greps per host.
+
+    The documents hold the service's environment, unit, argv and configs (secrets redacted on
+    the host, but still an inventory of the site), so a new directory is 0700 and every file
+    0600, written without following a link planted at its name."""
+    if not directory.exists():
+        directory.mkdir(parents=True, mode=0o700)
+        directory.chmod(0o700)  # mkdir's mode is masked by the umask
     paths = []
+    names: dict[str, str] = {}
     for document in documents:
-        path = directory / _file_name(str(document.get("host") or "unknown"))
-        path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        host = str(document.get("host") or "unknown")
+        name = _file_name(host)
+        if name in names:
+            raise EvidenceError(f"{directory / name}: hosts {names[name]!r} and {host!r} map to it")
+        names[name] = host
+        path = directory / name
+        data = (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            raise EvidenceError(f"{path}: cannot write ({exc.strerror or exc})") from exc
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o600)  # an existing file keeps its mode otherwise
+            fh.write(data)
         paths.append(path)
     return paths
 
@@ -134,6 +155,7 @@ def load_evidence(directory: Path) -> list[dict[str, Any]]:
     if not directory.is_dir():
         raise EvidenceError(f"{directory}: not a directory")
     documents = []
+    seen: dict[str, Path] = {}
     for path in sorted(directory.glob("*.json")):
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
@@ -143,6 +165,13 @@ def load_evidence(directory: Path) -> list[dict[str, Any]]:
             raise EvidenceError(f"{path}: line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
         if not isinstance(document, dict) or "host" not in document:
             raise EvidenceError(f"{path}: not an evidence document (no 'host')")
+        host = str(document["host"])
+        if host in seen:
+            raise EvidenceError(
+                f"{path}: host {host!r} already read from {seen[host].name}; "
+                "one evidence document per host (which one is true?)"
+            )
+        seen[host] = path
         documents.append(document)
     if not documents:
         raise EvidenceError(f"{directory}: no *.json evidence files")

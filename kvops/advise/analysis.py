@@ -18,6 +18,7 @@ from kvops.advise.flips import simulated_break_even_gb_s, throughput_flip_gb_s
 from kvops.advise.ranges import corners
 from kvops.advise.sizing import Sizing, compute_sizing, inputs_from_settings
 from kvops.advise.workload import Group, PromptBuilder, Reuse, Workload, measure_reuse
+from kvops.errors import KvopsError
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.model import EngineSettings
 
@@ -32,7 +33,7 @@ METRICS: tuple[tuple[str, bool], ...] = (
 VERDICT_METRICS = ("total_token_throughput_tok_s", "mean_ttft_ms")
 
 
-class NothingSimulated(ValueError):
+class NothingSimulated(KvopsError, ValueError):
     """Every request was refused by the engine (e.g. all longer than the model's context)."""
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kvops.advise.workload import Group, TraceRequest, Workload
+from kvops.errors import KvopsError
 from kvops.sim.tokenizer import WordTokenizer
 from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
 from kvops.workload.schedule import arrival_offsets_s, batch_groups
@@ -35,7 +36,7 @@ from kvops.workload.spec import PRESET_NAMES, SpecError, WorkloadSpec, load_pres
 MAX_SHOWN_SKIPS = 20
 
 
-class TraceError(ValueError):
+class TraceError(KvopsError, ValueError):
     """The input cannot be replayed at all (unreadable, empty, or a bad line under --strict)."""
 
 

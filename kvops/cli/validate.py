@@ -22,7 +22,7 @@ from kvops.hosts import HostResult, probe_config, probe_fleet
 from kvops.inventory import InventoryHost, load_inventory, probe_options, probe_settings
 from kvops.ontap import fleet as ontap_fleet
 from kvops.ontap.target import is_ontap_host
-from kvops.report.findings import render_terminal, to_junit
+from kvops.report.findings import render_terminal, write_junit
 from kvops.ssh import SshOptions
 from kvops.validate import judge_fleet, load_evidence, save_evidence
 
@@ -238,8 +238,7 @@ def validate(
     limits = OntapThresholds(min_free_percent=ontap_min_free_pct)
     ontap_fleet.add_ontap_findings(fleet, clusters, documents, addresses, limits)
     if junit_file is not None:
-        junit_file.parent.mkdir(parents=True, exist_ok=True)
-        junit_file.write_text(to_junit(fleet), encoding="utf-8")
+        write_junit(junit_file, fleet)
     if as_json:
         out = fleet.to_dict()
         if transport:

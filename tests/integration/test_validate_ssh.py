@@ -4,7 +4,7 @@ One fleet run covers a healthy host and every way a host can fail to be probed; 
 must be reported for that host while the others complete, and the run exits 2 (could not run).
 The probe reads a recorded host tree (tests/doubles/recorded_host_double.py) and recorded tool
 outputs (tests/doubles/probe_tools_double); on the target it runs under Python 3.8 when pyenv
-has one, so the stdlib-only promise is checked over the wire too.
+has one (tests/old_pythons.py), so the stdlib-only promise is checked over the wire too.
 """
 
 from __future__ import annotations
@@ -24,17 +24,16 @@ import yaml
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "doubles")]
 
+from ci_rule import unavailable  # noqa: E402
 from local_sshd import LocalSshd, free_port, keygen, sshd_available, start_sshd  # noqa: E402
+from old_pythons import oldest_supported_python  # noqa: E402
 from recorded_host_double import (  # noqa: E402
     HANGING_PYTHON_DOUBLE,
     TOOLS_DOUBLE_DIR,
     build_recorded_tree,
 )
 
-pytestmark = pytest.mark.skipif(not sshd_available(), reason="openssh-server not installed")
-
-PY38 = Path.home() / ".pyenv/versions/3.8.18/bin/python3.8"
-TARGET_PYTHON = str(PY38) if PY38.exists() else "python3"
+TARGET_PYTHON = str(oldest_supported_python()[0])  # 3.8 where installed
 
 
 class Lab:
@@ -103,6 +102,8 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    if not sshd_available():
+        unavailable("openssh-server not installed (scripts/system-deps.sh installs it)")
     the_lab = Lab(tmp_path_factory.mktemp("ssh-lab"))
     try:
         yield the_lab
