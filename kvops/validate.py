@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from kvops import evidence as ev
-from kvops.checks import ALL_CHECKS, SEVERITY_ORDER, Context, Finding, Severity, Thresholds
+from kvops.checks import (
+    ALL_CHECKS,
+    CATALOG,
+    SEVERITY_ORDER,
+    Context,
+    Finding,
+    Severity,
+    Thresholds,
+)
 from kvops.checks.model import finding
 from kvops.errors import RC, KvopsError
 
@@ -57,10 +65,32 @@ def _with_host(item: Finding, host: str) -> Finding:
     )
 
 
+# The checks that prove GDS really carries the I/O (`--strict`): the GDS platform (gdscheck,
+# IOMMU, PCIe placement), the storage bench (gdsio + nvidia-fs counters) and compat mode.
+# Without --strict their WARN/SKIP pass a gate as "not disproven"; with it they fail it.
+STRICT_CONCERNS = frozenset({"gds_platform", "storage_bench"})
+STRICT_CHECK_IDS = frozenset({"GDS-032"})
+
+
+def proves_path(check_id: str) -> bool:
+    info = CATALOG.get(check_id)
+    return check_id in STRICT_CHECK_IDS or (info is not None and info.concern in STRICT_CONCERNS)
+
+
 @dataclass
 class FleetResult:
     findings: dict[str, list[Finding]] = field(default_factory=dict)
     unreachable: list[str] = field(default_factory=list)
+    strict: bool = False
+
+    def unproven(self) -> list[Finding]:
+        """WARN/SKIP findings of the path-proving checks (what `--strict` turns into exit 1)."""
+        return [
+            f
+            for items in self.findings.values()
+            for f in items
+            if f.severity in (Severity.WARN, Severity.SKIP) and proves_path(f.check_id)
+        ]
 
     def host_status(self, host: str) -> Severity:
         return worst(f.severity for f in self.findings.get(host, []))
@@ -77,6 +107,8 @@ class FleetResult:
         if self.unreachable:
             return RC.COULD_NOT_RUN
         failed = any(f.severity is Severity.FAIL for fs in self.findings.values() for f in fs)
+        if self.strict and self.unproven():
+            failed = True
         return RC.FAIL if failed else RC.OK
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,6 +121,8 @@ class FleetResult:
                 for host, items in self.findings.items()
             },
             "unreachable": list(self.unreachable),
+            "strict": self.strict,
+            "unproven": [f"{f.host} {f.check_id} {f.severity}" for f in self.unproven()],
             "summary": self.counts(),
             "exit_code": int(self.exit_code()),
         }
@@ -100,9 +134,11 @@ def worst(severities: Iterable[Severity]) -> Severity:
 
 
 def judge_fleet(
-    documents: Iterable[Mapping[str, Any]], thresholds: Thresholds | None = None
+    documents: Iterable[Mapping[str, Any]],
+    thresholds: Thresholds | None = None,
+    strict: bool = False,
 ) -> FleetResult:
-    result = FleetResult()
+    result = FleetResult(strict=strict)
     for document in documents:
         host = str(document.get("host") or "?")
         result.findings[host] = judge(document, thresholds)

@@ -36,7 +36,8 @@ Examples:
   KVOPS_ONTAP_USERNAME=kvops-ro KVOPS_ONTAP_PASSWORD=... \\
     kvops validate -i inventories/prod --ontap --ontap-ca-file ca.pem   # + the cluster
 \b
-Exit status: 0 every host passed (WARN allowed), 1 some check FAILed, 2 could not run
+Exit status: 0 every host passed (WARN allowed; with --strict not on the checks that prove
+the GDS path), 1 some check FAILed, 2 could not run
 (bad inventory or bundle, or some host could not be probed: unreachable, auth refused, host
 key unknown or changed, timed out).
 """
@@ -148,6 +149,12 @@ key unknown or changed, timed out).
 )
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence excerpts in the tables.")
 @click.option("--problems-only", is_flag=True, help="Tables list only FAIL and WARN rows.")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="For CI gates: WARN or SKIP of a path-proving check (GDS platform GDS-04x, storage "
+    "bench GDS-05x, compat mode GDS-032) exits 1. Needs --storage-bench to pass.",
+)
 def validate(
     inventories: tuple[str, ...],
     limit: str | None,
@@ -171,6 +178,7 @@ def validate(
     ontap_min_free_pct: float,
     verbose: bool,
     problems_only: bool,
+    strict: bool,
 ) -> RC:
     """Prove each GPU host's GDS offload path is really in place, fleet-wide.
 
@@ -234,9 +242,11 @@ def validate(
     if save_dir is not None:
         paths = save_evidence(save_dir, [*documents, *clusters])
         err.print(f"saved {len(paths)} evidence documents to {save_dir}")
-    fleet = judge_fleet(documents, thresholds)
+    fleet = judge_fleet(documents, thresholds, strict=strict)
     limits = OntapThresholds(min_free_percent=ontap_min_free_pct)
     ontap_fleet.add_ontap_findings(fleet, clusters, documents, addresses, limits)
+    if strict and fleet.unproven():
+        err.print(f"--strict: {len(fleet.unproven())} path-proving check(s) WARN/SKIP: exit 1")
     if junit_file is not None:
         write_junit(junit_file, fleet)
     if as_json:

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,21 @@ def test_fleet_reports_each_failure_per_host_while_others_complete(
     assert saved["settings"]["role"] == "offload"
     failed = json.loads((tmp_path / "ev" / "wrongkey.json").read_text())
     assert failed["error"] and failed["items"] == {}
-    assert "<testsuite" in (tmp_path / "v.xml").read_text()
+    # The JUnit file parses and carries, per host, exactly the check ids the report FAILed.
+    suites = {s.get("name"): s for s in ET.parse(tmp_path / "v.xml").getroot().iter("testsuite")}
+    assert set(suites) == set(report["hosts"]) and set(transport) <= set(suites)
+    for name, suite in suites.items():
+        junit_failed = {
+            c.get("name", "").split()[0] for c in suite if c.find("failure") is not None
+        }
+        json_failed = {
+            f["check_id"] for f in report["hosts"][name]["findings"] if f["severity"] == "FAIL"
+        }
+        assert junit_failed == json_failed, name
+        assert suite.get("failures") == str(len(junit_failed)), name
+    for name in not_probed:
+        assert "GDS-000" in {c.get("name", "").split()[0] for c in suites[name]
+                             if c.find("failure") is not None}  # fmt: skip
     # Progress went to stderr, one line per host.
     for name in transport:
         assert name in proc.stderr
