@@ -14,6 +14,7 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass
 from functools import partial
@@ -79,7 +80,7 @@ def build_wheelhouse(directory: Path, project_root: Path) -> Wheelhouse:
     directory.mkdir(parents=True, exist_ok=True)
     for wheel in cache.glob("*.whl"):
         shutil.copy2(wheel, directory / wheel.name)
-    _run([*pip, "wheel", "--no-deps", "-q", "-w", str(directory), str(project_root)])
+    _build_kvops_wheel(project_root, directory)
     pip_wheels = sorted(p.name for p in directory.glob("pip-*.whl"))
     if not pip_wheels:
         raise WheelhouseError(f"no pip wheel in {cache}")
@@ -87,6 +88,31 @@ def build_wheelhouse(directory: Path, project_root: Path) -> Wheelhouse:
 
     engine_pins = [p for p in pins if not p.startswith("pip==")]
     return Wheelhouse(directory, [f"kvops=={__version__}", *engine_pins], pip_wheels[-1])
+
+
+def _build_kvops_wheel(project_root: Path, directory: Path) -> None:
+    """Build from a copy of the sources: setuptools writes build/ and *.egg-info next to them."""
+    with tempfile.TemporaryDirectory(prefix="kvops-wheel-") as tmp:
+        source = Path(tmp) / "src"
+        source.mkdir()
+        skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+        shutil.copytree(project_root / "kvops", source / "kvops", ignore=skip)
+        for name in ("pyproject.toml", "README.md", "LICENSE"):
+            if (project_root / name).exists():
+                shutil.copy2(project_root / name, source / name)
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "-q",
+                "-w",
+                str(directory),
+                str(source),
+            ]
+        )
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
