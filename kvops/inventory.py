@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvops.errors import KvopsError
 
-class InventoryError(Exception):
+
+class InventoryError(KvopsError):
     """The inventory could not be read or matched no host: `kvops validate` exits 2."""
 
 

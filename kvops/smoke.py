@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from kvops.errors import RC
+
 Status = Literal["PASS", "FAIL", "SKIP"]
 
 # Counters read at each phase (names without the `_total` suffix; the parser tries both).
@@ -344,6 +346,6 @@ def overall(items: Sequence[SmokeItem]) -> Status:
     return "PASS" if any(i.status == "PASS" for i in items) else "SKIP"
 
 
-def exit_code(items: Sequence[SmokeItem]) -> int:
-    """0 pass, 1 fail (as for validate); 2 is the runner's "could not run"."""
-    return 1 if overall(items) == "FAIL" else 0
+def exit_code(items: Sequence[SmokeItem]) -> RC:
+    """OK or FAIL (as for validate); COULD_NOT_RUN is the runner's `SmokeError`."""
+    return RC.FAIL if overall(items) == "FAIL" else RC.OK

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from kvops import chunk_files
+from kvops.errors import KvopsError
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session, send_request
 from kvops.parse.prometheus import PrometheusText, parse_prometheus_text
 from kvops.smoke import COUNTERS, ChunkFile, Eviction, MetricsSnapshot, RequestResult, SmokeEvidence
@@ -40,7 +41,7 @@ HTTP_TIMEOUT_S = 30.0
 Progress = Callable[[str], None]
 
 
-class SmokeError(Exception):
+class SmokeError(KvopsError):
     """The smoke could not run (unreachable server, failed request): exit 2, one-line reason."""
 
 

@@ -17,8 +17,7 @@ from typing import Any
 from kvops import evidence as ev
 from kvops.checks import ALL_CHECKS, SEVERITY_ORDER, Context, Finding, Severity, Thresholds
 from kvops.checks.model import finding
-
-EXIT_OK, EXIT_FAIL, EXIT_COULD_NOT_RUN = 0, 1, 2
+from kvops.errors import RC, KvopsError
 
 
 def judge(evidence: Mapping[str, Any], thresholds: Thresholds | None = None) -> list[Finding]:
@@ -72,12 +71,12 @@ class FleetResult:
             out[str(self.host_status(host))] += 1
         return out
 
-    def exit_code(self) -> int:
-        """0 all pass, 1 any FAIL, 2 some host could not be probed."""
+    def exit_code(self) -> RC:
+        """OK all pass, FAIL any FAIL, COULD_NOT_RUN some host could not be probed."""
         if self.unreachable:
-            return EXIT_COULD_NOT_RUN
+            return RC.COULD_NOT_RUN
         failed = any(f.severity is Severity.FAIL for fs in self.findings.values() for f in fs)
-        return EXIT_FAIL if failed else EXIT_OK
+        return RC.FAIL if failed else RC.OK
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,7 +89,7 @@ class FleetResult:
             },
             "unreachable": list(self.unreachable),
             "summary": self.counts(),
-            "exit_code": self.exit_code(),
+            "exit_code": int(self.exit_code()),
         }
 
 
@@ -126,7 +125,7 @@ def save_evidence(directory: Path, documents: Iterable[Mapping[str, Any]]) -> li
     return paths
 
 
-class EvidenceError(Exception):
+class EvidenceError(KvopsError):
     """A bundle that cannot be read: the CLI turns this into exit 2 with the message."""
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from kvops.errors import KvopsError
 from kvops.parse.prometheus import parse_prometheus_text
 
 # cache_config_info labels that legitimately differ between a baseline and an offload arm
@@ -27,7 +28,7 @@ _HINTS = {
 }
 
 
-class ArmUnreachable(RuntimeError):
+class ArmUnreachable(KvopsError, RuntimeError):
     """An arm's URL does not answer at the start of a run (exit code 2)."""
 
 

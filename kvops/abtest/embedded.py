@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvops.abtest.arms import Arm
+from kvops.errors import KvopsError
 
 OFFLOAD_CONFIG = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
 # The offload engine's LMCache settings besides gds_path (written to its LMCACHE_CONFIG_FILE;
@@ -43,7 +44,7 @@ class SimProfile:
     seed: int = 0
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(KvopsError, RuntimeError):
     pass
 
 

@@ -29,6 +29,7 @@ from kvops.abtest.arms import (
     reset_prefix_cache,
 )
 from kvops.abtest.rundir import RunDir
+from kvops.errors import KvopsError
 from kvops.loadgen.client import Endpoint, make_session
 from kvops.loadgen.record import JsonlWriter, RequestRecord
 from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner
@@ -39,7 +40,7 @@ from kvops.workload.schedule import arrival_offsets_s, batch_groups
 from kvops.workload.spec import WorkloadSpec
 
 
-class ExperimentError(RuntimeError):
+class ExperimentError(KvopsError, RuntimeError):
     """A run that cannot start as configured (clear message, exit code 2)."""
 
 

@@ -22,7 +22,7 @@ def sizing_lines(s: Sizing) -> list[str]:
         f"  storage needed (all)         {s.storage_bytes_needed / GB:.1f} GB",
         f"  prefill per prefix           {s.prefill_seconds_per_prefix * 1e3:,.1f} ms",
         f"  load per prefix              {s.load_seconds_per_prefix * 1e3:,.1f} ms "
-        f"at {s.storage_read_gb_s:g} GB/s read",
+        f"at {s.storage_read_gb_s:.3g} GB/s read",
         f"  break-even read bandwidth    {s.break_even_read_gb_s:.2f} GB/s",
     ]
     return [*lines, "", *sizing_meaning(s)]
@@ -34,12 +34,12 @@ def sizing_meaning(s: Sizing) -> list[str]:
     if s.storage_read_gb_s > s.break_even_read_gb_s:
         out.append(
             f"Loading a stored prefix is {s.load_speedup:.1f}x faster than recomputing it "
-            f"({s.storage_read_gb_s:g} GB/s read is above the {s.break_even_read_gb_s:.2f} GB/s "
+            f"({s.storage_read_gb_s:.3g} GB/s read is above the {s.break_even_read_gb_s:.2f} GB/s "
             "break-even)."
         )
     else:
         out.append(
-            f"Recomputing a prefix is faster than loading it: {s.storage_read_gb_s:g} GB/s read "
+            f"Recomputing a prefix is faster than loading it: {s.storage_read_gb_s:.3g} GB/s read "
             f"is below the {s.break_even_read_gb_s:.2f} GB/s break-even; offload cannot pay."
         )
     if s.overflows_gpu:

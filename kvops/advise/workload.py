@@ -104,13 +104,12 @@ class PromptBuilder:
 
 @dataclass(frozen=True)
 class Reuse:
-    """How much of the traffic repeats earlier prompts, counted in `unit_tokens` units (the
-    offload chunk): the upper bound on what any prefix cache could serve."""
+    """How much of the traffic repeats earlier prompts, counted in whole chunks (or whole hash
+    blocks for hash-id traces): the upper bound on what any prefix cache could serve."""
 
     prompt_tokens: int
     reusable_tokens: int  # tokens in units some earlier request already had
-    shared_units: int  # distinct units seen more than once (the reused working set)
-    unit_tokens: int
+    shared_working_set_tokens: int  # tokens of the distinct units seen more than once
     distinct_shared_prefixes: int  # distinct first units among requests that share one
     typical_shared_prefix_tokens: int  # median shared length among requests that reuse
 
@@ -118,34 +117,39 @@ class Reuse:
     def reuse_share(self) -> float:
         return self.reusable_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    @property
-    def shared_working_set_tokens(self) -> int:
-        return self.shared_units * self.unit_tokens
-
 
 def measure_reuse(workload: Workload, builder: PromptBuilder, unit_tokens: int) -> Reuse:
     """One pass over the prompts, hashing `unit_tokens`-token chunks the way LMCache keys them
-    (the simulator's `PromptHasher`, chained over the whole prefix)."""
+    (the simulator's `PromptHasher`, chained over the whole prefix). Requests given as hash ids
+    are counted by their ids directly (one unit per hash block), which needs no tokens at all."""
     hasher = PromptHasher(unit_tokens, unit_tokens)
     seen: Counter[int] = Counter()
     first_of: Counter[int] = Counter()
     total = reusable = 0
+    shared_tokens = 0
     shared_lengths: list[int] = []
     for req in workload.requests():
         total += req.prompt_len
-        _, chunks = hasher(builder.tokens(req))
+        if req.hash_ids is not None:
+            unit = builder.block
+            keys = [-1 - h for h in req.hash_ids[: req.prompt_len // unit]]  # full blocks only
+        else:
+            unit = unit_tokens
+            keys = hasher(builder.tokens(req))[1]
         hits = 0
-        for h in chunks:
+        for h in keys:
             if h not in seen:
                 break
             hits += 1
-        reusable += hits * unit_tokens
+        reusable += hits * unit
         if hits:
-            shared_lengths.append(hits * unit_tokens)
-        seen.update(chunks)
-        if chunks:
-            first_of[chunks[0]] += 1
-    shared = sum(1 for c in seen.values() if c > 1)
+            shared_lengths.append(hits * unit)
+        for h in keys:
+            if seen[h] == 1:  # seen once before: now shared
+                shared_tokens += unit
+            seen[h] += 1
+        if keys:
+            first_of[keys[0]] += 1
     distinct = sum(1 for c in first_of.values() if c > 1)
     typical = int(np.median(shared_lengths)) if shared_lengths else 0
-    return Reuse(total, reusable, shared, unit_tokens, distinct, typical)
+    return Reuse(total, reusable, shared_tokens, distinct, typical)

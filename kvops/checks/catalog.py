@@ -207,6 +207,13 @@ _ROWS = [
         "Fix or remove keys LMCache does not know: it ignores them silently.",
     ),
     (
+        "GDS-065",
+        "lmcache",
+        "LMCache settings keep the GDS backend on",
+        "Set use_gds: true (LMCache reads only true/1 as true), gds_backend: cufile, a "
+        "positive chunk_size and a bool extra_config.use_direct_io.",
+    ),
+    (
         "GDS-070",
         "vllm",
         "vLLM healthy",

@@ -40,7 +40,13 @@ def check_gds_path(ctx: Context) -> list[Finding]:
         return [config]
     raw = config.effective.get("gds_path")
     if not raw:
-        return [finding("GDS-060", Severity.FAIL, "gds_path not set: the GDS backend is off")]
+        why = (
+            f" ({config.unconverted['gds_path']} does not convert)"
+            if ("gds_path" in config.unconverted)
+            else ""
+        )
+        msg = f"gds_path not set{why}: the GDS backend is off"
+        return [finding("GDS-060", Severity.FAIL, msg)]
     table = ctx.mounts
     if table is None:
         return [ctx.skip("GDS-060", ev.MOUNTS)]
@@ -71,7 +77,14 @@ def check_buffer_key(ctx: Context) -> list[Finding]:
         return [finding("GDS-061", Severity.WARN, msg)]
     if expected in config.effective:
         value = config.effective[expected]
-        msg = f"{expected} = {value} MiB ({config.sources[expected]}) for LMCache {version}"
+        source = config.sources[expected]
+        if value is None or value <= 0:
+            msg = (
+                f"{expected} = {config.unconverted.get(expected, repr(value))} ({source}): "
+                f"LMCache {version} reads it as {value!r}, and the GDS backend asserts a size"
+            )
+            return [finding("GDS-061", Severity.FAIL, msg, remedy=f"Set {expected} to MiB.")]
+        msg = f"{expected} = {value} MiB ({source}) for LMCache {version}"
         return [finding("GDS-061", Severity.PASS, msg)]
     wrong = [k for k in present if k != expected]
     if wrong:
@@ -87,7 +100,7 @@ def check_stable_hash(ctx: Context) -> list[Finding]:
     config = _config_or_skip(ctx, "GDS-062")
     if isinstance(config, Finding):
         return [config]
-    algorithm = str(config.effective.get("pre_caching_hash_algorithm", "builtin"))
+    algorithm = str(config.value("pre_caching_hash_algorithm"))
     if algorithm in STABLE_HASHES:
         return [finding("GDS-062", Severity.PASS, f"pre_caching_hash_algorithm = {algorithm}")]
     env = ctx.service_env
@@ -124,10 +137,64 @@ def check_unknown_keys(ctx: Context) -> list[Finding]:
         return [finding("GDS-064", Severity.FAIL, f"LMCache config does not parse: {config.error}")]
     buffer_keys = {"cufile_buffer_size", "gds_buffer_size"}  # judged by GDS-061
     unknown = [k for k in config.unknown_keys if k not in buffer_keys]
-    if not unknown:
-        return [finding("GDS-064", Severity.PASS, "all LMCache keys known")]
-    msg = f"keys ignored by LMCache {ctx.lmcache_version or '?'}: {', '.join(unknown)}"
-    return [finding("GDS-064", Severity.WARN, msg)]
+    judged = buffer_keys | GDS_SWITCHES | {"gds_path"}  # judged by GDS-060/061/065
+    unconverted = {k: v for k, v in config.unconverted.items() if k not in judged}
+    if not unknown and not unconverted:
+        return [finding("GDS-064", Severity.PASS, "all LMCache keys known and well-typed")]
+    parts = []
+    if unknown:
+        parts.append(f"keys ignored by LMCache {ctx.lmcache_version or '?'}: {', '.join(unknown)}")
+    if unconverted:
+        bad = ", ".join(f"{k} ({v})" for k, v in unconverted.items())
+        parts.append(f"values LMCache cannot convert and reads as None: {bad}")
+    return [finding("GDS-064", Severity.WARN, "; ".join(parts))]
+
+
+# Keys whose value decides whether the GDS backend runs at all (lmcache 0.5.6
+# `storage_backend/__init__.py`, `gds_backend.py`): judged together by GDS-065.
+GDS_SWITCHES = frozenset({"use_gds", "gds_backend", "chunk_size", "extra_config"})
+TRUE_STRINGS = ("true", "1")
+
+
+def _gds_off_reasons(config: LmcacheConfig) -> list[str]:
+    """Every effective setting that turns the GDS backend off, falls back to POSIX I/O, or
+    stops LMCache at startup; read with LMCache's own parsing (`kvops.parse.lmcache_config`)."""
+    reasons = []
+    for key in sorted(GDS_SWITCHES & set(config.unconverted)):
+        reasons.append(f"{key} = {config.unconverted[key]} does not convert: LMCache uses None")
+    if config.is_set("use_gds") and config.value("use_gds") is False:
+        raw = config.effective.get("use_gds")
+        reasons.append(
+            f"use_gds is false ({config.sources['use_gds']}): POSIX mmap+cudaMemcpy, not cuFile"
+            + ("" if raw is False else f" (LMCache's booleans are only {TRUE_STRINGS})")
+        )
+    backend = config.value("gds_backend")
+    if backend not in (None, "cufile"):
+        reasons.append(f"gds_backend = {backend!r}: NVIDIA GDS needs 'cufile'")
+    chunk = config.value("chunk_size")
+    if isinstance(chunk, int) and chunk <= 0:
+        reasons.append(f"chunk_size = {chunk}: must be positive")
+    extra = config.value("extra_config")
+    direct = extra.get("use_direct_io") if isinstance(extra, dict) else None
+    if direct is not None and not isinstance(direct, (bool, str)):
+        reasons.append(
+            f"extra_config.use_direct_io = {direct!r} is neither bool nor string: "
+            "the GDS backend raises RuntimeError at startup"
+        )
+    return reasons
+
+
+def check_gds_stays_on(ctx: Context) -> list[Finding]:
+    config = _config_or_skip(ctx, "GDS-065")
+    if isinstance(config, Finding):
+        return [config]
+    reasons = _gds_off_reasons(config)
+    if reasons:
+        return [finding("GDS-065", Severity.FAIL, "; ".join(reasons))]
+    use_gds = config.value("use_gds")
+    origin = config.sources.get("use_gds", "default")
+    msg = f"use_gds {use_gds} ({origin}), gds_backend {config.value('gds_backend')}"
+    return [finding("GDS-065", Severity.PASS, msg)]
 
 
 CHECKS = [
@@ -136,4 +203,5 @@ CHECKS = [
     check_stable_hash,
     check_prometheus_dir,
     check_unknown_keys,
+    check_gds_stays_on,
 ]

@@ -1,13 +1,23 @@
-"""The `kvops` command group. Each command lives in its own module and is added here."""
+"""The `kvops` command group. Each command lives in its own module and is added here.
+
+Every command returns an :class:`~kvops.errors.RC` (or None for OK) and raises a
+:class:`~kvops.errors.KvopsError` for a command-level failure;
+:class:`~kvops.cli.group.KvopsGroup` is the one place that turns both into the exit status and
+prints the error's one line.
+"""
 
 from __future__ import annotations
 
 import click
 
 from kvops import __version__
+from kvops.cli.group import KvopsGroup
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=KvopsGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="kvops")
 def main() -> None:
     """Provision, validate and prove KV-cache offload for vLLM + LMCache (GDS) on NetApp ONTAP.

@@ -13,16 +13,15 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvops.abtest.arms import Arm, ArmUnreachable, parse_arm
-from kvops.abtest.embedded import EngineStartError, SimProfile
-from kvops.abtest.experiment import ExperimentError, Hooks, Options
-from kvops.abtest.rundir import RunDirError
+from kvops.abtest.arms import Arm, parse_arm
+from kvops.abtest.embedded import SimProfile
+from kvops.abtest.experiment import Hooks, Options
 from kvops.abtest.session import AbTestRequest, run_ab_test
+from kvops.errors import RC
 from kvops.loadgen.record import RequestRecord
 from kvops.metrics import parse_slo
 from kvops.report.abtest_table import render_table
-from kvops.workload.calibrate import AlphabetError
-from kvops.workload.spec import PRESET_NAMES, SpecError, WorkloadSpec, load_preset, load_spec_file
+from kvops.workload.spec import PRESET_NAMES, WorkloadSpec, load_preset, load_spec_file
 
 EXAMPLES = """
 \b
@@ -171,7 +170,7 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     "within 0.1..1, so a smaller workload runs slower-than-life and the host's own overhead "
     "stays small against the modelled times).",
 )
-def ab_test(**kw: Any) -> None:
+def ab_test(**kw: Any) -> RC:
     """Compare serving with and without KV-cache offload on the same workload.
 
     Runs the workload against each arm over several trials (ABBA order), one arm at a time,
@@ -184,7 +183,7 @@ def ab_test(**kw: Any) -> None:
     args = CliArgs(**kw)
     try:
         req = _request(args)
-    except (SpecError, ValueError) as exc:
+    except ValueError as exc:  # a bad --arm, --slo or workload spec (SpecError)
         raise click.UsageError(str(exc)) from None
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -204,13 +203,8 @@ def ab_test(**kw: Any) -> None:
         on_segment=lambda text: progress.update(task, description=text),
         warn=lambda text: progress.console.print(f"[bold yellow]warning:[/] {text}"),
     )
-    try:
-        with progress:
-            outcome = run_ab_test(req, hooks)
-    except (ArmUnreachable, ExperimentError, RunDirError, AlphabetError, EngineStartError,
-            SpecError) as exc:  # fmt: skip
-        err.print(f"[bold red]error:[/] {exc}")
-        sys.exit(2)
+    with progress:
+        outcome = run_ab_test(req, hooks)
     doc = outcome.results.doc
     if args.as_json:
         import json
@@ -223,8 +217,8 @@ def ab_test(**kw: Any) -> None:
         f"[dim]run directory: {req.out} (results.json, report.md, report.html, records.jsonl)[/]"
     )
     if outcome.interrupted:
-        sys.exit(130)
-    sys.exit(1 if outcome.results.any_errors else 0)
+        return RC.INTERRUPTED
+    return RC.FAIL if outcome.results.any_errors else RC.OK
 
 
 def auto_time_scale(scale: float) -> float:

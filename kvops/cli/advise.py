@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -71,6 +72,14 @@ def profile_options(func: F) -> F:
             type=click.FloatRange(0.0, 1.0, min_open=True),
             help="Share of GPU memory vLLM may use (as vllm serve).",
         ),
+        click.option(
+            "--storage-from-evidence",
+            "evidence_dir",
+            default=None,
+            type=click.Path(path_type=Path),
+            help="Use the storage measured by gdsio in a `kvops validate --storage-bench "
+            "--save-evidence DIR` bundle instead of --storage.",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -78,9 +87,10 @@ def profile_options(func: F) -> F:
 
 
 def load_profiles(
-    model: str, gpu: str, storage: str
-) -> tuple[ModelProfile, GpuProfile, StorageProfile]:
-    """Profiles by name or path; an unknown name is a usage error listing the known ones."""
+    model: str, gpu: str, storage: str, evidence_dir: Path | None = None
+) -> tuple[ModelProfile, GpuProfile, StorageProfile, list[str]]:
+    """Profiles by name or path (an unknown name is a usage error listing the known ones),
+    the storage measured in an evidence bundle when one is given, and notes about it."""
     loaded: list[Any] = []
     for hint, loader, value in (
         ("--model", load_model, model),
@@ -91,7 +101,17 @@ def load_profiles(
             loaded.append(loader(value))
         except ProfileError as exc:
             raise click.BadParameter(str(exc), param_hint=hint) from exc
-    return loaded[0], loaded[1], loaded[2]
+    notes: list[str] = []
+    if evidence_dir is not None:
+        from kvops.advise.storage_evidence import StorageEvidenceError, storage_from_evidence
+
+        try:
+            measured = storage_from_evidence(evidence_dir)
+        except StorageEvidenceError as exc:
+            raise CannotRun(str(exc)) from exc
+        loaded[2] = measured.profile
+        notes = measured.notes
+    return loaded[0], loaded[1], loaded[2], notes
 
 
 class _AdviseGroup(click.Group):
@@ -139,6 +159,7 @@ def sizing(
     storage: str,
     tp: int,
     gpu_memory_utilization: float,
+    evidence_dir: Path | None,
     prefix_tokens: int,
     num_prefixes: int,
     chunk_size: int,
@@ -151,7 +172,7 @@ def sizing(
     storage_bytes_needed, prefill_seconds_per_prefix, load_seconds_per_prefix,
     break_even_read_gb_s (below it, recomputing a prefix beats loading it).
     """
-    model_p, gpu_p, storage_p = load_profiles(model, gpu, storage)
+    model_p, gpu_p, storage_p, notes = load_profiles(model, gpu, storage, evidence_dir)
     inputs = SizingInputs(
         prefix_tokens=prefix_tokens,
         num_prefixes=num_prefixes,
@@ -164,9 +185,9 @@ def sizing(
     except SizingError as exc:
         raise CannotRun(str(exc)) from exc
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(json.dumps({**result.to_dict(), "notes": notes}, indent=2))
         return
-    click.echo("\n".join(sizing_lines(result)))
+    click.echo("\n".join([*sizing_lines(result), *notes]))
 
 
 def _progress_stage(enabled: bool) -> tuple[Progress | None, Stage | None]:
@@ -174,7 +195,13 @@ def _progress_stage(enabled: bool) -> tuple[Progress | None, Stage | None]:
     if not enabled:
         return None, None
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     progress = Progress(
         TextColumn("{task.description}"),
@@ -232,6 +259,7 @@ def trace_command(
     storage: str,
     tp: int,
     gpu_memory_utilization: float,
+    evidence_dir: Path | None,
     chunk_size: int,
     gds_buffer_mib: int,
     hash_block_tokens: int,
@@ -267,12 +295,13 @@ def trace_command(
 
     if as_json and as_markdown:
         raise click.UsageError("choose one of --json and --markdown")
-    model_p, gpu_p, storage_p = load_profiles(model, gpu, storage)
+    model_p, gpu_p, storage_p, storage_notes = load_profiles(model, gpu, storage, evidence_dir)
     read = ReadOptions(strict, hash_block_tokens, output_tokens)
     try:
         workload = load_workload(trace, read, model_p.vocab_size, model_p.hf_name)
     except TraceError as exc:
         raise CannotRun(str(exc)) from exc
+    workload.notes.extend(storage_notes)
     for line in workload.skipped_lines[:20]:
         click.echo(f"warning: skipped {line}", err=True)
     options = AdviseOptions(

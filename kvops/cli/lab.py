@@ -1,16 +1,19 @@
 """`kvops lab up|down|status`: the local lab of disposable Debian test hosts (needs root).
 
 Thin: options in, :class:`kvops.lab.lab.Lab` does the work, one clear line out on failure
-(exit 1, never a traceback). ``make lab`` runs ``kvops lab up``.
+(exit 2, "could not run", never a traceback). ``make lab`` runs ``kvops lab up``.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
+from kvops.cli.group import KvopsGroup
 from kvops.lab.config import MAX_SLOT, LabConfig, find_project_root
 from kvops.lab.errors import LabError
 from kvops.lab.lab import Lab, missing_prerequisites, slot_lock
@@ -47,19 +50,23 @@ def _config(
         raise click.BadParameter(str(exc)) from exc
 
 
-def _fail(exc: Exception | str) -> None:
-    click.echo(f"kvops lab: {exc}", err=True)
-    raise SystemExit(1)
-
-
 def _require_lab() -> None:
     """Say plainly why the lab cannot run here, before touching anything."""
     reasons = missing_prerequisites()
     if reasons:
-        _fail("the lab cannot run here: " + "; ".join(reasons))
+        raise LabError("the lab cannot run here: " + "; ".join(reasons))
 
 
-@click.group("lab")
+@contextmanager
+def _lab_errors() -> Iterator[None]:
+    """An OS error on the way (permissions, a full disk) is a lab error: one line, exit 2."""
+    try:
+        yield
+    except OSError as exc:
+        raise LabError(str(exc)) from exc
+
+
+@click.group("lab", cls=KvopsGroup)
 def lab() -> None:
     """The local lab: disposable Debian test hosts for running the roles (needs root).
 
@@ -111,12 +118,8 @@ def up(
     """Start fresh hosts (replacing a running lab in the same slot)."""
     cfg = _config(hosts, name_prefix, slot, packages, vars_files or None)
     _require_lab()
-    try:
-        with slot_lock(cfg.lab_dir, cfg.slot):
-            state = Lab(cfg, log=lambda msg: click.echo(f"lab: {msg}", err=True)).up()
-    except (LabError, OSError) as exc:
-        _fail(exc)
-        return
+    with _lab_errors(), slot_lock(cfg.lab_dir, cfg.slot):
+        state = Lab(cfg, log=lambda msg: click.echo(f"lab: {msg}", err=True)).up()
     if cfg.packages_spec is None:
         click.echo("lab: no tests/lab/packages.yml found: hosts have no test apt repo", err=True)
     for h in state.hosts:
@@ -142,15 +145,11 @@ def down(slot: int, all_slots: bool) -> None:
     slots = list(range(MAX_SLOT + 1)) if all_slots else [slot]
     for number in slots:
         cfg = _config(1, "kvlab", number, None)
-        try:
-            with slot_lock(cfg.lab_dir, cfg.slot, wait=not all_slots) as lock:
-                if lock is None:
-                    click.echo(f"lab slot {number}: in use by a running session, left alone")
-                    continue
-                removed = Lab(cfg).down()
-        except (LabError, OSError) as exc:
-            _fail(exc)
-            return
+        with _lab_errors(), slot_lock(cfg.lab_dir, cfg.slot, wait=not all_slots) as lock:
+            if lock is None:
+                click.echo(f"lab slot {number}: in use by a running session, left alone")
+                continue
+            removed = Lab(cfg).down()
         if removed or not all_slots:
             names = ", ".join(removed) if removed else "nothing was running"
             click.echo(f"lab slot {number}: removed {len(removed)} host(s): {names}")
@@ -163,12 +162,8 @@ def restart(name: str, slot: int) -> None:
     """Reboot host NAME: same disk, fresh processes and mounts, modules-load.d replayed."""
     cfg = _config(1, "kvlab", slot, None)
     _require_lab()
-    try:
-        with slot_lock(cfg.lab_dir, cfg.slot):
-            state = Lab(cfg).restart_host(name)
-    except (LabError, OSError) as exc:
-        _fail(exc)
-        return
+    with _lab_errors(), slot_lock(cfg.lab_dir, cfg.slot):
+        state = Lab(cfg).restart_host(name)
     click.echo(f"{state.name}\t{state.ip}\trestarted")
 
 
@@ -178,11 +173,8 @@ def restart(name: str, slot: int) -> None:
 def status(as_json: bool, slot: int) -> None:
     """Show the hosts of a slot: process alive, SSH answering."""
     cfg = _config(1, "kvlab", slot, None)
-    try:
+    with _lab_errors():
         report = Lab(cfg).status()
-    except (LabError, OSError) as exc:
-        _fail(exc)
-        return
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from kvops.errors import RC
 from kvops.parse.cufile import parse_cufile
 from kvops.parse.gdscheck import parse_gdscheck
 from kvops.parse.gdsio import parse_gdsio
@@ -51,7 +52,7 @@ PARSERS: dict[str, Callable[[str], tuple[dict[str, Any], bool]]] = {
 class UnreadableInput(click.FileError):
     """An input that cannot be read: exit 2 like other usage problems, never a traceback."""
 
-    exit_code = 2
+    exit_code = RC.COULD_NOT_RUN
 
 
 def _read(path: str) -> str:
@@ -67,7 +68,7 @@ def _read(path: str) -> str:
 @click.command("parse")
 @click.argument("tool", type=click.Choice(sorted(PARSERS)))
 @click.argument("path", metavar="FILE|-")
-def parse(tool: str, path: str) -> None:
+def parse(tool: str, path: str) -> RC:
     """Parse TOOL output from FILE (or - for stdin) and print it as JSON.
 
     \b
@@ -82,5 +83,4 @@ def parse(tool: str, path: str) -> None:
     """
     document, ok = PARSERS[tool](_read(path))
     click.echo(json.dumps(document, indent=2, sort_keys=True))
-    if not ok:
-        raise SystemExit(1)
+    return RC.OK if ok else RC.FAIL

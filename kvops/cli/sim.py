@@ -14,8 +14,10 @@ from typing import Any
 
 import click
 
+from kvops.cli.group import KvopsGroup
+from kvops.errors import KvopsError
 from kvops.sim.lmcache_config import LMCacheConfigError, LMCacheSettings, load_lmcache_settings
-from kvops.sim.model import EngineError, EngineSettings, build_engine
+from kvops.sim.model import EngineSettings, build_engine
 from kvops.sim.profiles import ProfileError, load_gpu, load_model, load_storage
 
 
@@ -64,11 +66,11 @@ def _offload_settings(kv_transfer_config: str | None) -> tuple[bool, LMCacheSett
     try:
         settings = load_lmcache_settings(extra_config=extra if isinstance(extra, dict) else {})
     except LMCacheConfigError as exc:
-        raise click.ClickException(f"LMCache configuration: {exc}") from exc
+        raise LMCacheConfigError(f"LMCache configuration: {exc}") from exc
     return True, settings
 
 
-@click.group()
+@click.group(cls=KvopsGroup)
 def sim() -> None:
     """The simulated vLLM + LMCache engine (physics-based; no GPU needed)."""
 
@@ -185,11 +187,9 @@ def serve(**opts: Any) -> None:
     )
     try:
         run_server(config, opts["host"], opts["port"])
-    except EngineError as exc:
-        raise click.ClickException(str(exc)) from exc
     except OSError as exc:  # port in use, or an unwritable gds_path
         where = f"{opts['host']}:{opts['port']}"
-        raise click.ClickException(f"cannot serve on {where}: {exc}") from exc
+        raise KvopsError(f"cannot serve on {where}: {exc}") from exc
 
 
 @sim.command()
@@ -222,10 +222,7 @@ def run(
     out: dict[str, Any] = {"scenario": scenario, "model": model, "gpu": gpu, "storage": storage}
     for arm, offload in (("baseline", False), ("offload", True)):
         lm = LMCacheSettings(local_cpu=False, gds_path="(virtual)", gds_buffer_size=8192)
-        try:
-            engine = build_engine(model, gpu, storage, EngineSettings(offload=offload, lmcache=lm))
-        except EngineError as exc:
-            raise click.ClickException(str(exc)) from exc
+        engine = build_engine(model, gpu, storage, EngineSettings(offload=offload, lmcache=lm))
         summary = summarize(run_batches(engine, seed_batches(scenario, shape)))
         out[arm] = {"num_gpu_blocks": engine.cache.num_blocks, **dataclasses.asdict(summary)}
     json.dump(out, sys.stdout, indent=2)

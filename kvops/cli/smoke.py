@@ -1,19 +1,19 @@
 """`kvops smoke`: prove that a running engine's KV offload really stores and retrieves.
 
 Thin by design: options → `kvops.smoke_run` (I/O) → `kvops.smoke` (judge) → table or JSON →
-exit code 0 pass / 1 fail / 2 could not run.
+exit code (`kvops.errors.RC`: 0 pass, 1 fail, 2 could not run, 130 interrupted).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from kvops.errors import RC
 from kvops.smoke import DEFAULT_MIN_TTFT_DROP, SmokeItem, exit_code, judge, overall
 from kvops.smoke_run import SmokeError, SmokeOptions, run_smoke
 
@@ -80,7 +80,7 @@ def smoke(
     min_ttft_drop: float,
     seed: int | None,
     as_json: bool,
-) -> None:
+) -> RC:
     """Send long prompts, force them out of GPU memory, re-send them, and judge the evidence.
 
     \b
@@ -92,7 +92,7 @@ def smoke(
     Examples:
       kvops smoke --url http://gpu1:8000 --gds-dir /mnt/ontap/lmcache
       kvops smoke --url http://127.0.0.1:8000 --json
-    Exit: 0 pass, 1 fail, 2 could not run.
+    Exit: 0 pass, 1 fail, 2 could not run, 130 interrupted.
     """
     err = Console(stderr=True)
     opts = SmokeOptions(
@@ -109,32 +109,23 @@ def smoke(
     try:
         evidence = run_smoke(opts, progress)
     except SmokeError as exc:
-        if as_json:
-            click.echo(json.dumps({"status": "ERROR", "exit_code": 2, "error": str(exc)}))
-        err.print(
-            f"kvops smoke: could not run: {exc}",
-            style="red",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-        sys.exit(2)
-    except KeyboardInterrupt:
-        err.print("kvops smoke: interrupted", style="red")
-        sys.exit(2)
+        if as_json:  # scripts read stdout: the failure is a document there too
+            doc = {"status": "ERROR", "exit_code": int(exc.rc), "error": str(exc)}
+            click.echo(json.dumps(doc))
+        raise
     items = judge(evidence, min_ttft_drop)
     code = exit_code(items)
     if as_json:
         doc = {
             "status": overall(items),
-            "exit_code": code,
+            "exit_code": int(code),
             "items": [{"name": i.name, "status": i.status, "message": i.message} for i in items],
             "evidence": evidence.to_dict(),
         }
         click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
         _render(items, evidence.url, evidence.seed)
-    sys.exit(code)
+    return code
 
 
 def _render(items: list[SmokeItem], url: str, seed: int) -> None:

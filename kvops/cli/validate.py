@@ -8,26 +8,20 @@ Progress goes to stderr so `--json` on stdout stays machine-readable.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 from rich.console import Console
 
 from kvops.checks import Thresholds
+from kvops.errors import RC, KvopsError
 from kvops.hosts import HostResult, probe_config, probe_fleet
-from kvops.inventory import InventoryError, load_inventory, probe_options, probe_settings
+from kvops.inventory import load_inventory, probe_options, probe_settings
 from kvops.report.findings import render_terminal, to_junit
 from kvops.ssh import SshOptions
-from kvops.validate import (
-    EXIT_COULD_NOT_RUN,
-    EvidenceError,
-    judge_fleet,
-    load_evidence,
-    save_evidence,
-)
+from kvops.validate import judge_fleet, load_evidence, save_evidence
 
 EXAMPLES = """
 \b
@@ -41,11 +35,6 @@ Exit status: 0 every host passed (WARN allowed), 1 some check FAILed, 2 could no
 (bad inventory or bundle, or some host could not be probed: unreachable, auth refused, host
 key unknown or changed, timed out).
 """
-
-
-def _fail(message: str) -> NoReturn:
-    click.echo(f"kvops validate: error: {message}", err=True)
-    sys.exit(EXIT_COULD_NOT_RUN)
 
 
 @click.command("validate", epilog=EXAMPLES)
@@ -154,7 +143,7 @@ def validate(
     bench_min_link_share: float | None,
     verbose: bool,
     problems_only: bool,
-) -> None:
+) -> RC:
     """Prove each GPU host's GDS offload path is really in place, fleet-wide.
 
     One SSH round trip per host ships a stdlib-only probe (Python >= 3.8 on the host) that
@@ -175,10 +164,7 @@ def validate(
     if from_dir is not None:
         if inventories or limit:
             raise click.UsageError("--from-evidence judges a saved bundle: drop -i/--limit")
-        try:
-            documents = load_evidence(from_dir)
-        except EvidenceError as exc:
-            _fail(str(exc))
+        documents = load_evidence(from_dir)
         err.print(f"judging {len(documents)} saved evidence documents from {from_dir}")
     elif inventories:
         results = _probe(
@@ -219,7 +205,7 @@ def validate(
         click.echo(json.dumps(out, indent=2, sort_keys=True))
     else:
         render_terminal(fleet, Console(), verbose=verbose, problems_only=problems_only)
-    sys.exit(fleet.exit_code())
+    return fleet.exit_code()
 
 
 def _probe(
@@ -234,10 +220,7 @@ def _probe(
     vault_password_files: list[str],
     vault_ids: list[str],
 ) -> list[HostResult]:
-    try:
-        hosts = load_inventory(inventories, limit, vault_password_files, vault_ids)
-    except InventoryError as exc:
-        _fail(str(exc))
+    hosts = load_inventory(inventories, limit, vault_password_files, vault_ids)
     for host in hosts:
         for warning in host.warnings:
             err.print(f"[yellow]warning[/] {host.name}: {warning}")
@@ -261,5 +244,7 @@ def _probe(
     try:
         return probe_fleet(hosts, configs, opts, forks=forks, on_result=progress)
     except KeyboardInterrupt:
-        err.print("interrupted: no report (hosts' probes end at their remote timeout)")
-        sys.exit(130)
+        raise KvopsError(
+            "interrupted: no report (hosts' probes end at their remote timeout)",
+            rc=RC.INTERRUPTED,
+        ) from None

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from kvops.errors import KvopsError
 from kvops.lab.errors import LabError, run
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
@@ -27,7 +28,7 @@ FILE_KINDS = ("double", "fixture", "file", "content", "symlink")
 RELATIONS = ("depends", "conflicts", "provides", "replaces")
 
 
-class SpecError(ValueError):
+class SpecError(KvopsError, ValueError):
     """The package list is malformed; the message names the package and the field."""
 
 

@@ -10,8 +10,10 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from kvops.errors import KvopsError
 
-class LabError(RuntimeError):
+
+class LabError(KvopsError, RuntimeError):
     """A lab step failed; the message is written for the person running the lab."""
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvops.errors import KvopsError
 from kvops.sim.costs import CostModel
 from kvops.sim.hashing import PromptHasher, as_token_array
 from kvops.sim.kvcache import GpuKvCache, Ids
@@ -22,7 +23,7 @@ from kvops.sim.records import EngineStats, Request, RequestRecord, StepResult
 _NO_BLOCKS: Ids = np.zeros(0, dtype=np.int64)
 
 
-class EngineError(ValueError):
+class EngineError(KvopsError, ValueError):
     """A configuration the real engine would refuse (e.g. weights larger than the GPU)."""
 
 

@@ -8,32 +8,18 @@ LMCache, so the same systemd unit and config file can drive the simulator or the
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from kvops.errors import KvopsError
+from kvops.parse.lmcache_config import DEFAULTS, effective_lmcache_config
 
 
-class LMCacheConfigError(ValueError):
+class LMCacheConfigError(KvopsError, ValueError):
     """A setting LMCache itself would refuse at startup."""
-
-
-def _to_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
-
-
-def _to_opt_str(value: Any) -> str | None:
-    return None if value is None or str(value).strip() in ("", "None", "null") else str(value)
-
-
-def _to_opt_int(value: Any) -> int | None:
-    return None if _to_opt_str(value) is None else int(value)
 
 
 @dataclass
@@ -76,81 +62,51 @@ class LMCacheSettings:
             )
 
 
-_CONVERTERS: dict[str, Any] = {
-    "chunk_size": int,
-    "local_cpu": _to_bool,
-    "max_local_cpu_size": float,
-    "local_disk": _to_opt_str,
-    "max_local_disk_size": float,
-    "gds_path": _to_opt_str,
-    "gds_buffer_size": _to_opt_int,
-    "cufile_buffer_size": _to_opt_int,
-    "use_gds": _to_bool,
-    "save_unfull_chunk": _to_bool,
-    "save_decode_cache": _to_bool,
-}
-
-
-def _apply(settings: LMCacheSettings, key: str, value: Any, source: str) -> None:
-    if key == "extra_config":
-        extra = json.loads(value) if isinstance(value, str) else value
-        if not isinstance(extra, dict):
-            raise LMCacheConfigError(f"extra_config from {source} must be a mapping")
-        settings.extra_config = dict(extra)
-        return
-    converter = _CONVERTERS.get(key)
-    if converter is None:
-        settings.warnings.append(f"Unknown configuration key: {key} (source: {source})")
-        return
-    try:
-        setattr(settings, key, converter(value))
-    except (TypeError, ValueError) as exc:
-        raise LMCacheConfigError(f"{key} from {source}: bad value {value!r}") from exc
-
-
-# Keys LMCache knows but the simulator does not model: accepted silently, as LMCache would.
-_KNOWN_UNMODELLED = {
-    "remote_url", "remote_serde", "gds_path_sharding", "gds_backend", "blocking_timeout_secs",
-    "enable_async_loading", "use_layerwise", "pre_caching_hash_algorithm", "lmcache_instance_id",
-    "internal_api_server_enabled", "internal_api_server_port_start", "log_level",
-}  # fmt: skip
+# The LMCacheSettings fields the simulator models; every other key LMCache knows is accepted
+# silently, as LMCache would, and unknown keys are LMCache's own warnings.
+_MODELLED = (
+    "chunk_size", "local_cpu", "max_local_cpu_size", "local_disk", "max_local_disk_size",
+    "gds_path", "gds_buffer_size", "cufile_buffer_size", "use_gds", "save_unfull_chunk",
+    "save_decode_cache", "extra_config",
+)  # fmt: skip
 
 
 def load_lmcache_settings(
     env: Mapping[str, str] | None = None,
     extra_config: Mapping[str, Any] | None = None,
 ) -> LMCacheSettings:
-    """Settings from `LMCACHE_CONFIG_FILE`, `LMCACHE_*` env and `lmcache.*` connector keys."""
+    """Settings from `LMCACHE_CONFIG_FILE`, `LMCACHE_*` env and `lmcache.*` connector keys,
+    read by `kvops.parse.lmcache_config` (the reader `kvops validate` judges hosts with)."""
     env = os.environ if env is None else env
     settings = LMCacheSettings()
-    names = {f.name for f in fields(LMCacheSettings)} - {"warnings"}
     config_file = env.get("LMCACHE_CONFIG_FILE")
+    text: str | None = None
     if config_file:
         try:
-            data = yaml.safe_load(Path(config_file).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
+            text = Path(config_file).read_text()
+        except OSError as exc:
             raise LMCacheConfigError(
                 f"cannot read LMCACHE_CONFIG_FILE {config_file}: {exc}"
             ) from exc
-        if not isinstance(data, dict):
-            raise LMCacheConfigError(f"{config_file}: LMCache config must be a YAML mapping")
-        for key, value in data.items():
-            if key in _KNOWN_UNMODELLED:
-                continue
-            _apply(settings, str(key), value, f"file: {config_file}")
     else:
         settings.warnings.append(
             "No LMCache configuration file is set. Trying to read configurations "
             "from the environment variables."
         )
-    for key in sorted(names):
-        env_name = f"LMCACHE_{key.upper()}"
-        if env_name in env:
-            _apply(settings, key, env[env_name], f"env: {env_name}")
-    for raw_key, value in (extra_config or {}).items():
-        if raw_key.startswith("lmcache."):
-            key = raw_key.removeprefix("lmcache.")
-            if key not in _KNOWN_UNMODELLED:
-                _apply(settings, key, value, "kv_connector_extra_config")
+    config = effective_lmcache_config(text, env, extra_config)
+    if config.error:
+        raise LMCacheConfigError(f"{config_file}: LMCache config: {config.error}")
+    settings.warnings += [w.replace("(source: file)", f"(source: file: {config_file})")
+                          for w in config.warnings]  # fmt: skip
+    for key in _MODELLED:
+        if key in config.unconverted:
+            raise LMCacheConfigError(f"{key} from {config.unconverted[key]}: bad value")
+        if key in config.effective:
+            value = config.effective[key]
+            if key == "extra_config":
+                value = dict(value or {})
+            elif value is None and DEFAULTS.get(key) is not None:
+                raise LMCacheConfigError(f"{key} from {config.sources[key]}: empty value")
+            setattr(settings, key, value)
     settings.validate()
     return settings

@@ -15,11 +15,13 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from kvops.errors import KvopsError
+
 PROFILE_DIR = Path(__file__).parent / "profiles"
 Kind = Literal["gpu", "model", "storage"]
 
 
-class ProfileError(ValueError):
+class ProfileError(KvopsError, ValueError):
     """A profile name that is not known, or a profile file that is malformed."""
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from kvops.errors import KvopsError
 from kvops.loadgen.client import CompletionRequest, Endpoint, send_request
 from kvops.workload.generate import Alphabet
 
@@ -30,7 +31,7 @@ _WORD_TEXT = (
 _WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
 
 
-class AlphabetError(RuntimeError):
+class AlphabetError(KvopsError, RuntimeError):
     """The server gave no way to build valid prompts; the message says what to pass instead."""
 
 

@@ -16,10 +16,12 @@ from typing import Any
 
 import yaml
 
+from kvops.errors import KvopsError
+
 PRESET_NAMES = ("unique-one-shot", "single-shared-prefix", "multi-shared-prefix")
 
 
-class SpecError(ValueError):
+class SpecError(KvopsError, ValueError):
     """A workload spec that cannot be run as written; the message names the key and the fix."""
 
 

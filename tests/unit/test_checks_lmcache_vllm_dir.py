@@ -67,6 +67,33 @@ def test_unknown_lmcache_version_warns_and_missing_key_fails() -> None:
     assert severity == "FAIL" and "not set" in message
 
 
+def test_settings_that_turn_gds_off_fail() -> None:
+    assert findings_for(healthy(), "GDS-065")[0][0] == "PASS"
+    cases = [
+        ("LMCACHE_USE_GDS", "yes", "use_gds is false"),  # LMCache reads only true/1 as true
+        ("LMCACHE_USE_GDS", "false", "use_gds is false"),
+        ("LMCACHE_GDS_BACKEND", "hipfile", "gds_backend = 'hipfile'"),
+        ("LMCACHE_CHUNK_SIZE", "256 tokens", "chunk_size"),
+        ("LMCACHE_EXTRA_CONFIG", '{"use_direct_io": 1}', "use_direct_io = 1"),
+    ]
+    for name, value, expected in cases:
+        doc = healthy()
+        env(doc)[name] = value
+        [(severity, message)] = findings_for(doc, "GDS-065")
+        assert severity == "FAIL" and expected in message, (name, value, message)
+    doc = healthy()
+    doc["settings"]["role"] = "baseline"
+    env(doc)["LMCACHE_USE_GDS"] = "false"
+    assert findings_for(doc, "GDS-065")[0][0] == "SKIP"
+
+
+def test_buffer_size_that_does_not_convert_fails() -> None:
+    yaml_text = LMCACHE_YAML.replace("8192", "8GiB")
+    doc = edited(lmcache_config=file_item("/etc/lmcache/gds.yaml", yaml_text))
+    [(severity, message)] = findings_for(doc, "GDS-061")
+    assert severity == "FAIL" and "8GiB" in message
+
+
 def test_hash_seed() -> None:
     doc = healthy()
     del env(doc)["PYTHONHASHSEED"]

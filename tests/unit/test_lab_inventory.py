@@ -114,7 +114,7 @@ def test_cli_without_root_says_why_in_one_line(
 ) -> None:
     monkeypatch.setattr("kvops.lab.lab.os.geteuid", lambda: 1000)
     result = CliRunner().invoke(main, ["lab", command])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # could not run
     assert "the lab cannot run here: not root" in result.output
     assert "Traceback" not in result.output
 

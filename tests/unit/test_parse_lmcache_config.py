@@ -54,7 +54,10 @@ def test_bad_env_value_and_extra_config_json() -> None:
         None,
         {"LMCACHE_CHUNK_SIZE": "lots", "LMCACHE_EXTRA_CONFIG": '{"use_direct_io": true}'},
     )
-    assert "chunk_size" not in config.effective
+    # LMCache logs "Failed to convert value" and runs with None, not with the default
+    assert config.effective["chunk_size"] is None
+    assert config.value("chunk_size") is None
+    assert config.unconverted == {"chunk_size": "env LMCACHE_CHUNK_SIZE: 'lots'"}
     assert config.effective["extra_config"] == {"use_direct_io": True}
     assert any("LMCACHE_CHUNK_SIZE" in w for w in config.warnings)
 
@@ -63,3 +66,35 @@ def test_yaml_error_has_position_and_non_mapping_is_an_error() -> None:
     config = effective_lmcache_config("gds_path: [unclosed\n", {})
     assert config.error is not None and config.error.startswith("line ")
     assert effective_lmcache_config("- a\n- b\n").error == "top level is list, expected a mapping"
+
+
+def test_booleans_are_lmcaches_only_true_and_1_are_true() -> None:
+    env = {"LMCACHE_USE_GDS": "yes", "LMCACHE_LOCAL_CPU": "1", "LMCACHE_SAVE_UNFULL_CHUNK": "On"}
+    config = effective_lmcache_config("save_decode_cache: TRUE\n", env, version="0.5.6")
+    assert config.effective["use_gds"] is False  # "yes" is false to LMCache
+    assert config.effective["local_cpu"] is True
+    assert config.effective["save_unfull_chunk"] is False
+    assert config.effective["save_decode_cache"] is True
+
+
+def test_defaults_apply_only_to_unset_keys() -> None:
+    config = effective_lmcache_config("gds_path: /mnt/kv\n", {}, version="0.5.6")
+    assert config.value("use_gds") is True and not config.is_set("use_gds")
+    assert config.value("pre_caching_hash_algorithm") == "builtin"
+    assert config.value("gds_path") == "/mnt/kv" and config.is_set("gds_path")
+
+
+def test_unconvertible_file_value_is_none_and_a_later_source_clears_it() -> None:
+    config = effective_lmcache_config(
+        "gds_buffer_size: 8 GiB\n", {}, {"lmcache.gds_buffer_size": 4096}, version="0.5.6"
+    )
+    assert config.effective["gds_buffer_size"] == 4096 and config.unconverted == {}
+    config = effective_lmcache_config("gds_buffer_size: 8 GiB\n", {}, version="0.5.6")
+    assert config.effective["gds_buffer_size"] is None
+    assert "gds_buffer_size" in config.unconverted
+
+
+def test_unknown_connector_key_is_warned_and_ignored() -> None:
+    config = effective_lmcache_config(None, {}, {"lmcache.gds_io_threads": 8}, version="0.5.6")
+    assert config.unknown_keys == ["gds_io_threads"]
+    assert "gds_io_threads" not in config.effective

@@ -40,6 +40,14 @@ def test_old_buffer_key_counts_and_missing_buffer_fails_like_lmcache() -> None:
         load_lmcache_settings(env={"LMCACHE_GDS_PATH": "/mnt/x"})
 
 
+def test_sim_reads_values_with_the_validate_reader() -> None:
+    """The simulator and `kvops validate` share one reader: LMCache's booleans, not ours."""
+    s = load_lmcache_settings(env={"LMCACHE_USE_GDS": "yes", "LMCACHE_LOCAL_CPU": "on"})
+    assert s.use_gds is False and s.local_cpu is False
+    with pytest.raises(LMCacheConfigError, match="chunk_size"):
+        load_lmcache_settings(env={"LMCACHE_CHUNK_SIZE": "lots"})
+
+
 def test_env_extra_config_is_json() -> None:
     s = load_lmcache_settings(env={"LMCACHE_EXTRA_CONFIG": '{"use_direct_io": true}'})
     assert s.extra_config == {"use_direct_io": True}

@@ -1,0 +1,37 @@
+"""The click group class every `kvops` command group uses: one place for exit codes and errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from kvops.errors import RC, KvopsError
+
+
+class KvopsGroup(click.Group):
+    """The group every `kvops` command runs under: return value → exit status, a
+    `KvopsError` → one line on stderr and its `rc`, Ctrl-C → 130 (click's own default would
+    print "Aborted!" and exit 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            result = super().invoke(ctx)
+        except KvopsError as exc:
+            click.echo(f"{_command_name(ctx)}: error: {exc}", err=True)
+            ctx.exit(int(exc.rc))
+        except KeyboardInterrupt:
+            click.echo(f"\n{_command_name(ctx)}: interrupted", err=True)
+            ctx.exit(int(RC.INTERRUPTED))
+        if isinstance(result, RC):
+            ctx.exit(int(result))
+        return result
+
+
+def _command_name(ctx: click.Context) -> str:
+    """`kvops smoke`, `kvops lab up`: the command the user typed, for the one-line message."""
+    names = [ctx.invoked_subcommand] if ctx.invoked_subcommand else []
+    while ctx.parent is not None:  # the root's own name may be "python -m kvops"
+        names.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["kvops", *names])
