@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,9 +19,16 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_lab import GDS_DIR, SERVICE, SERVICE_UID, run_deploy, served_wheelhouse
+from deploy_lab import (
+    DEPLOY_VARS,
+    GDS_DIR,
+    SERVICE,
+    SERVICE_UID,
+    run_deploy,
+    served_wheelhouse,
+)
 from lab_harness import LabHosts
-from site_lab import explain, recap, run_site
+from site_lab import SITE_VARS, explain, recap, run_site
 
 pytestmark = pytest.mark.lab
 
@@ -49,7 +57,20 @@ def wheel_vars(
 
 @pytest.fixture(scope="module")
 def deployed(deploy_lab: LabHosts, wheel_vars: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    site = run_site(deploy_lab, "-i", str(Path(__file__).parent / "deploy_lab_vars.yml"))
+    # The service account with its fixed ids, as production creates it before site.yml where
+    # nfs_rdma_mount (which owns the GDS directory) does not take the ids from the inventory.
+    for name in deploy_lab.names:
+        deploy_lab.ssh(name, ["groupadd", "-f", "-g", str(SERVICE_UID), "vllm"], sudo=True)
+        deploy_lab.ssh(
+            name,
+            [
+                "sh",
+                "-c",
+                f"id vllm || useradd -r -u {SERVICE_UID} -g vllm -M -s /usr/sbin/nologin vllm",
+            ],
+            sudo=True,
+        )
+    site = run_site(deploy_lab, "-i", str(DEPLOY_VARS))
     assert site.returncode == 0, explain(site)
     proc = run_deploy(deploy_lab, wheel_vars)
     assert proc.returncode == 0, explain(proc)
@@ -205,3 +226,34 @@ def test_an_engine_that_never_gets_healthy_fails_the_play_with_its_log(
     finally:
         restored = run_deploy(deploy_lab, wheel_vars, limit=BASELINE)
         assert restored.returncode == 0, explain(restored)
+
+
+def _smoke(lab: LabHosts, host: str) -> tuple[int, dict[str, Any]]:
+    """`kvops smoke --host H -i INV --json`: the chunk files are read over SSH (become)."""
+    here = Path(__file__).parent
+    argv = [str(Path(sys.executable).parent / "kvops"), "smoke", "--host", host, "--json"]
+    for source in (lab.inventory_path, SITE_VARS, DEPLOY_VARS, here / "validate_lab_vars.yml"):
+        argv += ["-i", str(source)]
+    argv += ["--prompt-tokens", "1024", "--prompts", "2", "--seed", "7"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=lab.env(), timeout=600)
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_smoke_over_ssh_passes_on_the_offload_host(
+    deploy_lab: LabHosts, deployed: subprocess.CompletedProcess[str]
+) -> None:
+    code, doc = _smoke(deploy_lab, OFFLOAD)
+    assert code == 0, json.dumps(doc["items"], indent=1)
+    assert doc["evidence"]["gds_dir"] == f"{OFFLOAD}:{GDS_DIR}"
+    assert doc["evidence"]["new_files"], "no new chunk file was seen over SSH"
+
+
+def test_smoke_over_ssh_fails_offload_not_configured_on_the_baseline_host(
+    deploy_lab: LabHosts, deployed: subprocess.CompletedProcess[str]
+) -> None:
+    code, doc = _smoke(deploy_lab, BASELINE)
+    assert code == 1
+    offload = next(i for i in doc["items"] if i["name"] == "offload")
+    assert offload["status"] == "FAIL"
+    assert offload["message"].startswith("offload not configured")
