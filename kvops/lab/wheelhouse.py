@@ -31,6 +31,7 @@ ENGINE_DISTRIBUTIONS = (
     "multidict", "numpy", "prometheus_client", "propcache", "PyYAML", "yarl", "rich",
     "markdown-it-py", "mdurl", "Pygments", "typing_extensions", "paramiko", "bcrypt",
     "cryptography", "cffi", "pycparser", "PyNaCl", "Jinja2", "MarkupSafe",
+    "packaging",  # what Ansible's pip module imports (installed into the venv by the role)
 )  # fmt: skip
 
 

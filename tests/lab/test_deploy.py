@@ -257,3 +257,28 @@ def test_smoke_over_ssh_fails_offload_not_configured_on_the_baseline_host(
     offload = next(i for i in doc["items"] if i["name"] == "offload")
     assert offload["status"] == "FAIL"
     assert offload["message"].startswith("offload not configured")
+
+
+def test_validate_on_deployed_hosts(
+    deploy_lab: LabHosts, deployed: subprocess.CompletedProcess[str]
+) -> None:
+    """No FAIL on the offload host; the baseline host's LMCache checks report the baseline role."""
+    here = Path(__file__).parent
+    argv = [str(Path(sys.executable).parent / "kvops"), "validate", "--json"]
+    for source in (
+        deploy_lab.inventory_path,
+        SITE_VARS,
+        here / "validate_lab_vars.yml",
+        DEPLOY_VARS,
+    ):
+        argv += ["-i", str(source)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=deploy_lab.env(), timeout=600)
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    hosts = json.loads(proc.stdout)["hosts"]
+    for name in (OFFLOAD, BASELINE):
+        fails = [f for f in hosts[name]["findings"] if f["severity"] == "FAIL"]
+        assert fails == [], f"{name}: " + json.dumps(fails, indent=1)
+    baseline_notes = [
+        f["message"] for f in hosts[BASELINE]["findings"] if "baseline" in f["message"]
+    ]
+    assert baseline_notes, json.dumps(hosts[BASELINE]["findings"], indent=1)[:4000]

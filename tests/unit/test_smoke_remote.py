@@ -59,5 +59,5 @@ def test_a_failing_host_side_is_a_one_line_could_not_run(
         raise PermissionError("sudo password required (set ansible_become_password)")
 
     monkeypatch.setattr(smoke_remote, "run_ssh", refused)
-    with pytest.raises(SmokeError, match="cannot read gpu1:.* over SSH: sudo password required"):
+    with pytest.raises(SmokeError, match=r"cannot read gpu1:.* over SSH: sudo password required"):
         remote.paths()
