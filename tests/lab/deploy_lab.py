@@ -23,7 +23,7 @@ REPO_ROOT = HERE.parents[1]
 DEPLOY = REPO_ROOT / "playbooks" / "deploy.yml"
 DEPLOY_VARS = HERE / "deploy_lab_vars.yml"
 GDS_DIR = "/mnt/kvcache/gds"
-SERVICE = "kvops-vllm"
+SERVICE = "vllm"
 UNIT_LOG = f"/var/log/kvops-test-doubles/units/{SERVICE}.service.log"
 SERVICE_UID = 990
 

@@ -41,8 +41,8 @@ def deploy_lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
         hosts=2,
         variants={OFFLOAD: {"SYSTEMD": "double"}, BASELINE: {"SYSTEMD": "double"}},
         host_vars={
-            OFFLOAD: {"vllm_lmcache_variant": "offload"},
-            BASELINE: {"vllm_lmcache_variant": "baseline"},
+            OFFLOAD: {"vllm_lmcache_variant": "offload", "kvops_role": "offload"},
+            BASELINE: {"vllm_lmcache_variant": "baseline", "kvops_role": "baseline"},
         },
     )
 
