@@ -282,3 +282,94 @@ def test_validate_on_deployed_hosts(
         f["message"] for f in hosts[BASELINE]["findings"] if "baseline" in f["message"]
     ]
     assert baseline_notes, json.dumps(hosts[BASELINE]["findings"], indent=1)[:4000]
+
+
+# The embedded engines' settings of `kvops ab-test --scale 0.05` (kvops.abtest.embedded), so the
+# deployed engine models the same scaled GPU: the prefixes overflow its KV cache.
+SCALE = 0.05
+AB_ENGINE_ARGS = [
+    "--gpu", "h100-sxm-80gb", "--storage", "ontap-nfs-rdma-200g",
+    "--time-scale", "0.5", "--kv-capacity-scale", str(SCALE),
+]  # fmt: skip
+
+
+def _ab_test_deploy(
+    lab: LabHosts, wheel_vars: dict[str, Any], scenario: str, out: Path
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    argv = [str(Path(sys.executable).parent / "kvops"), "ab-test", "--deploy", "--limit", OFFLOAD]
+    for source in (lab.inventory_path, SITE_VARS, DEPLOY_VARS):
+        argv += ["-i", str(source)]
+    deploy_vars = {**wheel_vars, "vllm_lmcache_extra_args": AB_ENGINE_ARGS}
+    for key, value in deploy_vars.items():
+        argv += ["--deploy-var", f"{key}={json.dumps(value)}"]
+    argv += ["--scenario", scenario, "--scale", str(SCALE), "--out", str(out), "--json"]
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, env=lab.env(), timeout=1200, cwd=lab.repo_root
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc, json.loads(proc.stdout)
+
+
+def _deploys(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "deploys.jsonl").read_text().splitlines()]
+
+
+def test_ab_test_deploy_shows_the_offload_gain_on_many_shared_prefixes(
+    deploy_lab: LabHosts,
+    wheel_vars: dict[str, Any],
+    deployed: subprocess.CompletedProcess[str],
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "ab-multi"
+    _, doc = _ab_test_deploy(deploy_lab, wheel_vars, "multi-shared-prefix", out)
+    multi = doc["scenarios"]["multi-shared-prefix"]
+    assert multi["verdict"] == "helps", json.dumps(multi["comparisons"], indent=1)[:3000]
+    tput = next(c for c in multi["comparisons"] if c["metric"] == "total_token_throughput_tok_s")
+    assert tput["ci95_low_pct"] > 0
+    deploys = _deploys(out)
+    # one deploy per arm before reading its info, then one per segment (2 trials x 2 arms, ABBA)
+    info_deploys = ["baseline", "offload"]
+    segment_deploys = ["baseline", "offload", "offload", "baseline"]  # ABBA
+    assert [d["variant"] for d in deploys] == [*info_deploys, *segment_deploys]
+    assert all(d["status"] == "successful" and d["clear_gds_dir"] for d in deploys)
+    offload = next(d for d in deploys if d["variant"] == "offload")["deployed"][OFFLOAD]
+    assert offload["lmcache_config"]["gds_path"] == GDS_DIR
+    assert offload["packages"]["kvops"] == "0.1.0"
+
+
+def test_ab_test_deploy_finds_no_gain_on_unique_prompts(
+    deploy_lab: LabHosts,
+    wheel_vars: dict[str, Any],
+    deployed: subprocess.CompletedProcess[str],
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "ab-unique"
+    _, doc = _ab_test_deploy(deploy_lab, wheel_vars, "unique-one-shot", out)
+    verdict = doc["scenarios"]["unique-one-shot"]["verdict"]
+    assert verdict != "helps", verdict
+
+
+def test_a_failed_deploy_stops_ab_test_with_the_plays_error(
+    deploy_lab: LabHosts,
+    wheel_vars: dict[str, Any],
+    deployed: subprocess.CompletedProcess[str],
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "ab-bad"
+    argv = [str(Path(sys.executable).parent / "kvops"), "ab-test", "--deploy", "--limit", OFFLOAD]
+    for source in (deploy_lab.inventory_path, SITE_VARS, DEPLOY_VARS):
+        argv += ["-i", str(source)]
+    bad = {**wheel_vars, "vllm_lmcache_config": {"chunk_sise": 512}}
+    for key, value in bad.items():
+        argv += ["--deploy-var", f"{key}={json.dumps(value)}"]
+    argv += ["--scenario", "unique-one-shot", "--scale", str(SCALE), "--out", str(out)]
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, env=deploy_lab.env(), timeout=600
+        )
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert 'did you mean "chunk_size"' in proc.stderr, proc.stderr[-3000:]
+        assert _deploys(out)[0]["status"] == "failed"
+    finally:
+        restored = run_deploy(deploy_lab, wheel_vars, limit=OFFLOAD)
+        assert restored.returncode == 0, explain(restored)
