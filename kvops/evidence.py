@@ -109,6 +109,7 @@ CMDLINE = "cmdline"
 IOMMU = "iommu"
 CUFILE_JSON = "cufile_json"
 GDSCHECK = "gdscheck"
+BENCH_DIR = "bench_dir"
 GDSIO_WRITE = "gdsio_write"
 GDSIO_READ = "gdsio_read"
 NVFS_STATS_BEFORE_BENCH = "nvfs_stats_before_bench"
@@ -181,9 +182,16 @@ ITEM_SOURCES: dict[str, str] = {
         "command ['/usr/local/cuda/gds/tools/gdscheck', '-p'] (first gdscheck found under "
         "/usr/local/cuda*/gds/tools; parsed by kvops.parse.gdscheck)."
     ),
+    BENCH_DIR: (
+        "dir <gds_dir>/kvops-gdsio-XXXXXX made with mkdtemp by the bench user (the service "
+        "user unless settings.bench_user); data = {'dir': path, 'stale_removed': [dirs a "
+        "killed earlier run left], 'stale_left': [those it could not remove]}; `error` "
+        "when it could not be made (then gdsio is not run). Only with --storage-bench."
+    ),
     GDSIO_WRITE: (
-        "command gdsio -D <gds_dir>/kvops-gdsio -d <gpu> -w <threads> -s <size> -i <io_size> "
-        "-x 0 -I 1 (GPU_DIRECT write; only with --storage-bench)."
+        "command gdsio -D <bench_dir> -d <gpu> -w <threads> -s <size> -i <io_size> -x 0 -I 1 "
+        "(GPU_DIRECT write as the bench user, clean env: CUFILE_ENV_PATH_JSON, "
+        "CUFILE_LOGFILE_PATH only; item run_as names the user; only with --storage-bench)."
     ),
     GDSIO_READ: "command gdsio ... -x 0 -I 0 on the files GDSIO_WRITE made (--storage-bench).",
     NVFS_STATS_BEFORE_BENCH: "file /proc/driver/nvidia-fs/stats read just before gdsio_write.",
@@ -206,11 +214,15 @@ ITEM_SOURCES: dict[str, str] = {
         "(stdout = YAML text)."
     ),
     LMCACHE_VERSION: (
-        "command [<service python>, '-c', 'import importlib.metadata as m; "
-        'print(m.version("lmcache"))\'] (stdout = version string).'
+        "file <prefix>/lib/python3*/site-packages/lmcache-*.dist-info/METADATA, looked up in "
+        "the service's filesystem (/proc/<pid>/root) under its venv; stdout = 'Name: lmcache"
+        "\\nVersion: 0.5.6'. Never obtained by running the service's Python. Older bundles: "
+        "a command whose last stdout line is the version."
     ),
     GDS_DIR: (
-        "dir settings.gds_dir; data = {'exists': bool, 'is_dir': bool, 'file_count': int, "
+        "dir settings.gds_dir, read in a child process with its own time budget; error "
+        "'GDS directory <path> did not answer in N s' (data exists: None) when it hangs; "
+        "data = {'exists': bool, 'is_dir': bool, 'file_count': int, "
         "'bytes': int, 'tmp_file_count': int, 'tmp_files': [first paths], 'free_bytes': int, "
         "'total_bytes': int, 'owner': str, 'group': str, 'mode': '0o2775', "
         "'service_user': str, 'writable_by_service_user': bool|None}. tmp files = names "

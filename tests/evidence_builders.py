@@ -236,7 +236,10 @@ def healthy() -> dict[str, Any]:
             },
         ),
         "lmcache_config": file_item("/etc/lmcache/gds.yaml", LMCACHE_YAML, synthetic=True),
-        "lmcache_version": command(["/opt/vllm/bin/python", "-c", "..."], "0.5.6\n"),
+        "lmcache_version": file_item(
+            "/opt/vllm/lib/python3.11/site-packages/lmcache-0.5.6.dist-info/METADATA",
+            "Name: lmcache\nVersion: 0.5.6\n",
+        ),
         "gds_dir": data_item(
             "dir",
             GDS_DIR,

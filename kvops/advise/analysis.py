@@ -18,6 +18,7 @@ from kvops.advise.flips import simulated_break_even_gb_s, throughput_flip_gb_s
 from kvops.advise.ranges import corners
 from kvops.advise.sizing import Sizing, compute_sizing, inputs_from_settings
 from kvops.advise.workload import Group, PromptBuilder, Reuse, Workload, measure_reuse
+from kvops.errors import KvopsError
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.model import EngineSettings
 
@@ -30,6 +31,11 @@ METRICS: tuple[tuple[str, bool], ...] = (
     ("p99_ttft_ms", False),
 )
 VERDICT_METRICS = ("total_token_throughput_tok_s", "mean_ttft_ms")
+
+
+class NothingSimulated(KvopsError, ValueError):
+    """Every request was refused by the engine (e.g. all longer than the model's context)."""
+
 
 Stage = Callable[[str, int], Callable[[int], None] | None]
 
@@ -151,6 +157,9 @@ def analyse(
         "baseline", workload, builder, profiles, base_settings, progress("baseline", n)
     )
     offload = run_arm("offload", workload, builder, profiles, off_settings, progress("offload", n))
+    if not baseline.completed:
+        first = baseline.rejected[0] if baseline.rejected else "no requests"
+        raise NothingSimulated(f"no request of the workload could be simulated; first: {first}")
     part = sample(workload, options.sample_requests)
     sampled = part is not workload
     m = part.num_requests

@@ -178,6 +178,15 @@ def _add(
     while i < n and (limit_s is None or base_s + reqs[i].arrival_s <= limit_s):
         req = reqs[i]
         i += 1
+        if req.prompt_len + req.output_tokens > engine.max_model_len:
+            # Refused before its tokens are built: a bogus length must not allocate them.
+            result.rejected.append(
+                f"line {req.line}: {req.prompt_len} prompt + {req.output_tokens} output tokens "
+                f"exceed the model's maximum context length ({engine.max_model_len})"
+            )
+            if limit_s is None:
+                break
+            continue
         arrival_s = base_s + req.arrival_s
         model_req = Request(str(req.line), arrival_s, builder.tokens(req), req.output_tokens)
         try:

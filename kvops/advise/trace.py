@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kvops.advise.workload import Group, TraceRequest, Workload
+from kvops.errors import KvopsError
 from kvops.sim.tokenizer import WordTokenizer
 from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
 from kvops.workload.schedule import arrival_offsets_s, batch_groups
@@ -35,7 +36,7 @@ from kvops.workload.spec import PRESET_NAMES, SpecError, WorkloadSpec, load_pres
 MAX_SHOWN_SKIPS = 20
 
 
-class TraceError(ValueError):
+class TraceError(KvopsError, ValueError):
     """The input cannot be replayed at all (unreadable, empty, or a bad line under --strict)."""
 
 
@@ -91,8 +92,8 @@ def parse_trace_line(obj: Any, line: int, options: ReadOptions, tokenize: Tokeni
         ids = obj["prompt_token_ids"]
         if not isinstance(ids, list) or not ids:
             raise LineError("prompt_token_ids must be a non-empty list of integers")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-            raise LineError("prompt_token_ids must hold integers >= 0 only")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**62 for t in ids):
+            raise LineError("prompt_token_ids must hold integers in [0, 2**62) only")
         array = np.asarray(ids, dtype=np.int64)
         return TraceRequest(arrival_s, len(ids), output, token_ids=array, line=line)
     for key in ("prompt", "text"):
@@ -108,9 +109,9 @@ def parse_trace_line(obj: Any, line: int, options: ReadOptions, tokenize: Tokeni
     if "hash_ids" in obj:
         hashes = obj["hash_ids"]
         if not isinstance(hashes, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hashes
+            isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**62 for h in hashes
         ):
-            raise LineError("hash_ids must be a list of integers >= 0")
+            raise LineError("hash_ids must be a list of integers in [0, 2**62)")
         length = _count(obj, ("input_length", "prompt_len"), 1)
         if length is None:
             raise LineError("hash_ids needs input_length (the prompt's length in tokens)")
@@ -172,6 +173,8 @@ def read_lines(
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise LineError(f"not JSON ({exc.msg} at column {exc.colno})") from None
+            except RecursionError:
+                raise LineError("not JSON (nested too deeply)") from None
             if _is_abtest_record(obj):
                 records.append((number, obj))
                 continue

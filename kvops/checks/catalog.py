@@ -256,9 +256,64 @@ _ROWS = [
         "Free space above threshold",
         "Free space on the export (LMCache's GDS backend never evicts) or grow the volume.",
     ),
+    # GDS-2xx: `kvops smoke`, judged on a running engine (kvops/smoke.py), not on a probe.
+    (
+        "GDS-200",
+        "smoke",
+        "Engine has a KV offload tier",
+        "Start the engine with --kv-transfer-config naming a KV connector (LMCacheConnectorV1) "
+        "and its LMCache config (role vllm_lmcache); check its log for connector errors.",
+    ),
+    (
+        "GDS-201",
+        "smoke",
+        "Prompt left GPU memory before the re-send",
+        "Start vLLM with VLLM_SERVER_DEV_MODE=1 so POST /reset_prefix_cache is served, or use "
+        "--evict fillers on an engine whose /metrics report its KV capacity.",
+    ),
+    (
+        "GDS-202",
+        "smoke",
+        "LMCache stored the prompt",
+        "Read LMCache's log for store errors; check gds_path is on the mount and writable by "
+        "the service user (kvops validate GDS-060, GDS-080).",
+    ),
+    (
+        "GDS-203",
+        "smoke",
+        "vLLM got prefix-cache hits from the connector",
+        "Nothing came back from the offload tier: read the connector's log for retrieve errors "
+        "and check the stored chunks are still in the storage directory.",
+    ),
+    (
+        "GDS-204",
+        "smoke",
+        "LMCache retrieved the prompt",
+        "Read LMCache's log for retrieve errors; chunk keys must be stable across processes "
+        "(kvops validate GDS-062).",
+    ),
+    (
+        "GDS-205",
+        "smoke",
+        "Re-send TTFT clearly lower than cold",
+        "Retrieval is no faster than recompute here: measure the storage path (kvops validate "
+        "--storage-bench) and check GDS is not in compat mode (GDS-032, GDS-040).",
+    ),
+    (
+        "GDS-206",
+        "smoke",
+        "New chunk files in the storage directory",
+        "Point --gds-dir at the engine's gds_path as seen from here; check the mount and the "
+        "service user's write access (kvops validate GDS-060, GDS-080).",
+    ),
 ]
 
 CATALOG: dict[str, CheckInfo] = {row[0]: CheckInfo(*row) for row in _ROWS}
+
+
+def validate_check_ids() -> set[str]:
+    """The ids `kvops validate` judges: every concern but `smoke` (judged by `kvops smoke`)."""
+    return {key for key, info in CATALOG.items() if info.concern != "smoke"}
 
 
 def catalog_rows() -> list[CheckInfo]:

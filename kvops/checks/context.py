@@ -219,8 +219,13 @@ class Context:
 
     @cached_property
     def lmcache_version(self) -> str | None:
+        """From the `Version:` line of LMCache's METADATA (older bundles: the last line of
+        the version command's output)."""
         text = self.text(ev.LMCACHE_VERSION)
         lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+        for line in lines:
+            if line.startswith("Version:"):
+                return line.partition(":")[2].strip() or None
         return lines[-1] if lines else None
 
     @cached_property

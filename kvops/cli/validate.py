@@ -19,7 +19,7 @@ from kvops.checks import Thresholds
 from kvops.errors import RC, KvopsError
 from kvops.hosts import HostResult, probe_config, probe_fleet
 from kvops.inventory import load_inventory, probe_options, probe_settings
-from kvops.report.findings import render_terminal, to_junit
+from kvops.report.findings import render_terminal, write_junit
 from kvops.ssh import SshOptions
 from kvops.validate import judge_fleet, load_evidence, save_evidence
 
@@ -31,7 +31,8 @@ Examples:
   kvops validate -i inventories/prod --json --junit validate.xml --save-evidence runs/ev
   kvops validate --from-evidence runs/ev          # judge a saved bundle offline
 \b
-Exit status: 0 every host passed (WARN allowed), 1 some check FAILed, 2 could not run
+Exit status: 0 every host passed (WARN allowed; with --strict not on the checks that prove
+the GDS path), 1 some check FAILed, 2 could not run
 (bad inventory or bundle, or some host could not be probed: unreachable, auth refused, host
 key unknown or changed, timed out).
 """
@@ -123,6 +124,12 @@ key unknown or changed, timed out).
 )
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence excerpts in the tables.")
 @click.option("--problems-only", is_flag=True, help="Tables list only FAIL and WARN rows.")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="For CI gates: WARN or SKIP of a path-proving check (GDS platform GDS-04x, storage "
+    "bench GDS-05x, compat mode GDS-032) exits 1. Needs --storage-bench to pass.",
+)
 def validate(
     inventories: tuple[str, ...],
     limit: str | None,
@@ -143,6 +150,7 @@ def validate(
     bench_min_link_share: float | None,
     verbose: bool,
     problems_only: bool,
+    strict: bool,
 ) -> RC:
     """Prove each GPU host's GDS offload path is really in place, fleet-wide.
 
@@ -194,10 +202,11 @@ def validate(
     if save_dir is not None:
         paths = save_evidence(save_dir, documents)
         err.print(f"saved {len(paths)} evidence documents to {save_dir}")
-    fleet = judge_fleet(documents, thresholds)
+    fleet = judge_fleet(documents, thresholds, strict=strict)
+    if strict and fleet.unproven():
+        err.print(f"--strict: {len(fleet.unproven())} path-proving check(s) WARN/SKIP: exit 1")
     if junit_file is not None:
-        junit_file.parent.mkdir(parents=True, exist_ok=True)
-        junit_file.write_text(to_junit(fleet), encoding="utf-8")
+        write_junit(junit_file, fleet)
     if as_json:
         out = fleet.to_dict()
         if transport:

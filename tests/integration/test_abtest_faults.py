@@ -173,3 +173,33 @@ def test_worker_processes_record_every_request(tmp_path: Path) -> None:
     lines = (out / "records.jsonl").read_text().splitlines()
     assert len(lines) == 32 and len({json.loads(x)["request_id"] for x in lines}) == 32
     assert _results(out)["client"]["workers"] == 2
+
+
+def _events(log: Path) -> list[str]:
+    return [json.loads(line)["event"] for line in log.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["reset-cache", "no-reset-cache"])
+def test_prefix_cache_reset_before_each_segment(tmp_path: Path, reset: bool) -> None:
+    """Each arm's server sees POST /reset_prefix_cache, then that segment's requests, once per
+    segment (2 trials x 2 iterations x 4 requests per arm); `--no-reset-cache` sends none.
+    Requests before the first reset are the start-up probe, not part of any segment."""
+    out = tmp_path / "run"
+    logs = {arm: tmp_path / f"{arm}.events" for arm in ("baseline", "offload")}
+    extra = [] if reset else ["--no-reset-cache"]
+    with (
+        running("--event-log", str(logs["baseline"])) as (a, _),
+        running("--event-log", str(logs["offload"])) as (b, _),
+    ):
+        proc = _run(_cmd(out, _workload(tmp_path), a, b, *extra))
+    assert proc.returncode == 0, proc.stderr
+    segment = ["request"] * 2 * 4
+    for arm, log in logs.items():
+        events = _events(log)
+        if reset:
+            first = events.index("reset")
+            assert set(events[:first]) <= {"request"} and first <= 1, (arm, events)
+            assert events[first:] == (["reset", *segment]) * 2, (arm, events)
+        else:
+            assert "reset" not in events, (arm, events)
+            assert events.count("request") >= 2 * len(segment), (arm, events)

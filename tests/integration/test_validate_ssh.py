@@ -4,7 +4,7 @@ One fleet run covers a healthy host and every way a host can fail to be probed; 
 must be reported for that host while the others complete, and the run exits 2 (could not run).
 The probe reads a recorded host tree (tests/doubles/recorded_host_double.py) and recorded tool
 outputs (tests/doubles/probe_tools_double); on the target it runs under Python 3.8 when pyenv
-has one, so the stdlib-only promise is checked over the wire too.
+has one (tests/old_pythons.py), so the stdlib-only promise is checked over the wire too.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,17 +25,16 @@ import yaml
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "doubles")]
 
+from ci_rule import unavailable  # noqa: E402
 from local_sshd import LocalSshd, free_port, keygen, sshd_available, start_sshd  # noqa: E402
+from old_pythons import oldest_supported_python  # noqa: E402
 from recorded_host_double import (  # noqa: E402
     HANGING_PYTHON_DOUBLE,
     TOOLS_DOUBLE_DIR,
     build_recorded_tree,
 )
 
-pytestmark = pytest.mark.skipif(not sshd_available(), reason="openssh-server not installed")
-
-PY38 = Path.home() / ".pyenv/versions/3.8.18/bin/python3.8"
-TARGET_PYTHON = str(PY38) if PY38.exists() else "python3"
+TARGET_PYTHON = str(oldest_supported_python()[0])  # 3.8 where installed
 
 
 class Lab:
@@ -103,6 +103,8 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    if not sshd_available():
+        unavailable("openssh-server not installed (scripts/system-deps.sh installs it)")
     the_lab = Lab(tmp_path_factory.mktemp("ssh-lab"))
     try:
         yield the_lab
@@ -167,7 +169,21 @@ def test_fleet_reports_each_failure_per_host_while_others_complete(
     assert saved["settings"]["role"] == "offload"
     failed = json.loads((tmp_path / "ev" / "wrongkey.json").read_text())
     assert failed["error"] and failed["items"] == {}
-    assert "<testsuite" in (tmp_path / "v.xml").read_text()
+    # The JUnit file parses and carries, per host, exactly the check ids the report FAILed.
+    suites = {s.get("name"): s for s in ET.parse(tmp_path / "v.xml").getroot().iter("testsuite")}
+    assert set(suites) == set(report["hosts"]) and set(transport) <= set(suites)
+    for name, suite in suites.items():
+        junit_failed = {
+            c.get("name", "").split()[0] for c in suite if c.find("failure") is not None
+        }
+        json_failed = {
+            f["check_id"] for f in report["hosts"][name]["findings"] if f["severity"] == "FAIL"
+        }
+        assert junit_failed == json_failed, name
+        assert suite.get("failures") == str(len(junit_failed)), name
+    for name in not_probed:
+        assert "GDS-000" in {c.get("name", "").split()[0] for c in suites[name]
+                             if c.find("failure") is not None}  # fmt: skip
     # Progress went to stderr, one line per host.
     for name in transport:
         assert name in proc.stderr

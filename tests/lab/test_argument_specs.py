@@ -126,4 +126,6 @@ def test_missing_export_address_is_rejected(lab: LabHosts, tmp_path: Path) -> No
     assert proc.returncode != 0, explain(proc)
     fatal = failure_messages(proc)
     assert "missing required arguments: nfs_rdma_mount_export_address" in fatal, explain(proc)
+    # The GDS directory's owner ids are fixed per site, never picked per host (sec=sys).
+    assert "nfs_rdma_mount_gds_dir_gid, nfs_rdma_mount_gds_dir_uid" in fatal, explain(proc)
     assert recap(proc)[name]["changed"] == 0

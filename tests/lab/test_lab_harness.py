@@ -167,7 +167,7 @@ def test_modprobe_double_records_calls_and_knows_installed_modules(scratch: LabH
     scratch.write_file(h, "/etc/modprobe.d/nvidia-fs.conf", "options nvidia_fs max_devices=32\n")
     missing = scratch.ssh(h, ["modprobe", "nvidia_fs"], sudo=True, check=False)
     assert missing.returncode == 1 and "not found" in missing.stderr  # no nvidia-fs-dkms yet
-    scratch.ssh(h, ["apt-get", "install", "-y", "-q", "doca-ofed"], sudo=True)
+    scratch.ssh(h, ["apt-get", "install", "-y", "-q", "doca-ofed", "mlnx-nfsrdma-dkms"], sudo=True)
     scratch.ssh(h, ["apt-get", "install", "-y", "-q", "nvidia-gds"], sudo=True)
     scratch.ssh(h, ["modprobe", "rpcrdma"], sudo=True)
     scratch.ssh(h, ["modprobe", "nvidia_fs"], sudo=True)

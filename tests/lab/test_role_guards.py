@@ -1,7 +1,8 @@
 """The roles refuse a wrongly provisioned host with a message that says what to fix.
 
 A private one-host lab, dirtied on purpose by installing the wrong packages first: a
-proprietary driver, an RDMA stack of the other kind, no RDMA stack before nvidia-fs.
+proprietary driver, a conflicting RDMA stack (MLNX_OFED under DOCA-OFED, DOCA under the
+distribution's stack), no OFED kernel stack before nvidia-fs, nvidia-fs built before DOCA-OFED.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ def guard(lab_factory: Callable[..., LabHosts]) -> LabHosts:
     return lab
 
 
+_THROUGH_HOLDS = ["--allow-change-held-packages"]
+
+
 def _apt(lab: LabHosts, *argv: str) -> None:
     lab.ssh(
         HOST,
-        ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-y", "-q", *argv],
+        # The roles hold what they install: a test's cleanup purges through the holds.
+        ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-y", "-q", *_THROUGH_HOLDS, *argv],
         sudo=True,
     )
 
@@ -51,14 +56,51 @@ def test_nvidia_fs_refuses_to_install_before_the_rdma_stack(
 ) -> None:
     proc = run_role(guard, tmp_path, "nvidia_fs", limit=HOST)
     assert proc.returncode != 0, explain(proc)
-    assert "none of rdma-core, doca-ofed is installed" in failure_messages(proc)
+    msg = failure_messages(proc)
+    assert "none of mlnx-ofed-kernel-dkms, mlnx-ofed-kernel-modules" in msg
+    assert "Install DOCA-OFED first" in msg
     assert not _installed(guard, "nvidia-fs-dkms")
 
 
-def test_rdma_client_refuses_doca_on_top_of_distro_rdma_core(
-    guard: LabHosts, tmp_path: Path
-) -> None:
-    _apt(guard, "install", "rdma-core")
+_DOCA = ["doca-ofed", "mlnx-nfsrdma-dkms", "mlnx-ofed-kernel-dkms", "mlnx-ofed-kernel-utils"]
+_DOCA_ALL = [*_DOCA, "mlnx-tools", "rdma-core", "ibverbs-utils"]
+
+
+def test_doca_replaces_the_distro_rdma_core_in_place(guard: LabHosts, tmp_path: Path) -> None:
+    _apt(guard, "install", "rdma-core=44.0-2", "ibverbs-utils=44.0-2")
+    try:
+        proc = run_role(
+            guard,
+            tmp_path,
+            "rdma_client",
+            limit=HOST,
+            extra_vars={"rdma_client_stack": "doca-ofed"},
+        )
+        assert proc.returncode == 0, explain(proc)
+        assert _installed(guard, "doca-ofed") and _installed(guard, "mlnx-nfsrdma-dkms")
+        version = guard.ssh(HOST, ["dpkg-query", "-W", "-f=${Version}", "rdma-core"]).stdout
+        assert "mlnx" in version  # DOCA's build over Debian's, not a second stack beside it
+        # rpcrdma loaded: the one mlnx-nfsrdma-dkms rebuilt for OFED's kernel stack.
+        assert "rpcrdma" in guard.doubles_log(HOST, "modprobe")
+    finally:
+        _apt(guard, "purge", *_DOCA_ALL)
+        guard.ssh(HOST, ["rm", "-f", "/etc/modules-load.d/rpcrdma.conf"], sudo=True)
+
+
+def test_doca_without_its_nfsrdma_modules_cannot_load_rpcrdma(guard: LabHosts) -> None:
+    # What the role's mlnx-nfsrdma-dkms prevents (the double follows the real module ABI).
+    _apt(guard, "install", "doca-ofed")
+    try:
+        guard.ssh(HOST, ["modprobe", "-r", "rpcrdma"], sudo=True, check=False)
+        proc = guard.ssh(HOST, ["modprobe", "rpcrdma"], sudo=True, check=False)
+        assert proc.returncode == 1
+        assert "could not insert 'rpcrdma'" in proc.stderr
+    finally:
+        _apt(guard, "purge", *_DOCA_ALL)
+
+
+def test_rdma_client_refuses_doca_over_mlnx_ofed(guard: LabHosts, tmp_path: Path) -> None:
+    _apt(guard, "install", "mlnx-ofed-basic")
     try:
         proc = run_role(
             guard,
@@ -69,11 +111,11 @@ def test_rdma_client_refuses_doca_on_top_of_distro_rdma_core(
         )
         assert proc.returncode != 0, explain(proc)
         msg = failure_messages(proc)
-        assert "rdma_client_stack is doca-ofed but packages of the other stack are installed" in msg
-        assert "(rdma-core)" in msg
+        assert "rdma_client_stack is doca-ofed but packages of a conflicting stack" in msg
+        assert "(mlnx-ofed-basic)" in msg and "Never mix MLNX_OFED and DOCA-OFED" in msg
         assert not _installed(guard, "doca-ofed")
     finally:
-        _apt(guard, "purge", "rdma-core")
+        _apt(guard, "purge", "mlnx-ofed-basic", "mlnx-ofed-kernel-dkms", "mlnx-ofed-kernel-utils")
 
 
 def test_rdma_client_refuses_rdma_core_on_top_of_doca(guard: LabHosts, tmp_path: Path) -> None:
@@ -87,9 +129,11 @@ def test_rdma_client_refuses_rdma_core_on_top_of_doca(guard: LabHosts, tmp_path:
             extra_vars={"rdma_client_stack": "rdma-core"},
         )
         assert proc.returncode != 0, explain(proc)
-        assert "packages of the other stack are installed (doca-ofed)" in failure_messages(proc)
+        msg = failure_messages(proc)
+        assert "conflicting stack are installed (doca-ofed, mlnx-ofed-kernel-dkms)" in msg
+        assert "set rdma_client_stack to doca-ofed" in msg
     finally:
-        _apt(guard, "purge", "doca-ofed")
+        _apt(guard, "purge", *_DOCA_ALL)
 
 
 def test_nvidia_driver_refuses_a_proprietary_driver(guard: LabHosts, tmp_path: Path) -> None:
@@ -124,3 +168,32 @@ def test_cufile_fails_clearly_when_rdma_discovery_finds_nothing(
     proc = run_role(no_rdma, tmp_path, "cufile", limit=NO_RDMA)  # lab vars: discovery on
     assert proc.returncode != 0, explain(proc)
     assert "no RDMA device with a network interface was found under" in failure_messages(proc)
+
+
+def test_nvidia_fs_built_before_doca_fails_the_peerdirect_check(
+    guard: LabHosts, tmp_path: Path
+) -> None:
+    # nvidia-fs built on a host without the OFED kernel stack, DOCA-OFED installed afterwards:
+    # the module has no PeerDirect (GDS troubleshooting guide 12.18); the role must say so.
+    packages = ["nvidia-driver-580-open", "nvidia-fs-dkms=2.25.7-1"]
+    _apt(guard, "install", *packages)
+    _apt(guard, "install", "doca-ofed", "mlnx-nfsrdma-dkms")
+    try:
+        proc = run_role(guard, tmp_path, "nvidia_fs", limit=HOST)
+        assert proc.returncode != 0, explain(proc)
+        msg = failure_messages(proc)
+        assert 'says "Mellanox PeerDirect Supported: False"' in msg
+        assert "rebuild nvidia-fs" in msg
+    finally:
+        _apt(
+            guard,
+            "purge",
+            "nvidia-driver-580-open",
+            "nvidia-gds",
+            "nvidia-gds-12-9",
+            "gds-tools-12-9",
+            "libcufile-12-9",
+            "nvidia-fs",
+            "nvidia-fs-dkms",
+            *_DOCA_ALL,
+        )

@@ -40,5 +40,8 @@ def test_gds_directory_belongs_to_the_service_user(lab: LabHosts, name: str) -> 
     d = host.file(f"{MOUNT_PATH}/gds")
     assert d.is_directory
     assert d.user == "vllm" and d.group == "vllm" and d.mode == 0o750
+    # The fixed ids every host shares (sec=sys checks numbers), not whatever useradd picked.
+    assert d.uid == 990 and d.gid == 990
     user = host.user("vllm")
-    assert user.exists and user.uid < 1000 and user.shell == "/usr/sbin/nologin"
+    assert user.exists and user.uid == 990 and user.gid == 990
+    assert user.shell == "/usr/sbin/nologin"

@@ -54,19 +54,27 @@ def test_the_proprietary_driver_is_not_installed(host) -> None:  # type: ignore[
 
 
 def test_exactly_one_rdma_stack(host) -> None:  # type: ignore[no-untyped-def]
-    installed = {
-        p for p in ("rdma-core", "ibverbs-utils", "doca-ofed") if host.package(p).is_installed
-    }
+    rdma_core = host.package("rdma-core")
+    assert rdma_core.is_installed and host.package("ibverbs-utils").is_installed
     if STACK[host.lab_name] == "doca-ofed":
-        assert installed == {"doca-ofed"}
         assert host.package("doca-ofed").version == DOCA_VERSION
+        # DOCA-OFED replaced the distribution's rdma-core in place with its own build ...
+        assert "mlnx" in rdma_core.version
+        # ... and the NFS-RDMA client modules built for its kernel stack are there.
+        assert host.package("mlnx-ofed-kernel-dkms").is_installed
+        assert host.package("mlnx-nfsrdma-dkms").is_installed
+        assert host.check_output("ofed_info -s").startswith("OFED-internal-")
     else:
-        assert installed == {"rdma-core", "ibverbs-utils"}
+        assert rdma_core.version == "44.0-2"
+        assert host.package("ibverbs-utils").version == "44.0-2"
+        for ofed in ("doca-ofed", "mlnx-ofed-kernel-dkms", "mlnx-nfsrdma-dkms"):
+            assert not host.package(ofed).is_installed, ofed
 
 
-def test_nvidia_fs_was_built_after_the_rdma_stack(host) -> None:  # type: ignore[no-untyped-def]
-    # The nvidia-fs-dkms double's postinst records, like the real build, whether an RDMA stack
-    # was installed before it: PeerDirect support depends on that order.
-    stats = host.file("/var/lib/kvops-test-doubles/evidence/nvidia-fs-stats")
+def test_nvidia_fs_has_peerdirect_only_on_the_doca_host(host) -> None:  # type: ignore[no-untyped-def]
+    # The nvidia-fs-dkms double's postinst records, like the real build, whether the OFED kernel
+    # stack was installed before it; the nvidia_fs role asserted it from the loaded module's stats.
+    stats = host.file("/var/lib/kvops-test-doubles/proc/driver/nvidia-fs/stats")
     assert stats.exists
-    assert "Mellanox PeerDirect Supported: True" in stats.content_string
+    want = "True" if STACK[host.lab_name] == "doca-ofed" else "False"
+    assert f"Mellanox PeerDirect Supported: {want}" in stats.content_string

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from kvops.advise.trace import ReadOptions, TraceError, load_workload, read_lines, word_tokenizer
 from kvops.advise.workload import PromptBuilder, TraceRequest, Workload, measure_reuse
 from kvops.cli import main
+from kvops.loadgen.record import RequestRecord
 from kvops.sim.hashing import prefix_hashes
 
 VOCAB = 128_256
@@ -123,20 +124,17 @@ def _records(tmp_path: Path) -> Path:
     lines = []
     for arm in ("baseline", "offload"):
         for j in range(4):
-            lines.append(
-                json.dumps(
-                    {
-                        "request_id": f"{arm}-{j}",
-                        "arm": arm,
-                        "scenario": "multi",
-                        "prefix_id": j % 2,
-                        "send_perf_s": 100.0 + j,
-                        "chunk_offsets_ms": [5.0],
-                        "prompt_tokens": 1200,
-                        "output_tokens": 8,
-                    }
-                )
+            record = RequestRecord(
+                request_id=f"{arm}-{j}",
+                arm=arm,
+                scenario="multi",
+                prefix_id=j % 2,
+                send_perf_s=100.0 + j,
+                chunk_offsets_ms=[5.0],
+                prompt_tokens=1200,
+                output_tokens=8,
             )
+            lines.append(record.to_json())  # exactly what ab-test writes
     path = tmp_path / "records.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -187,3 +185,38 @@ def test_cli_unknown_profile_and_missing_trace_are_usage_errors(tmp_path: Path) 
     missing = CliRunner().invoke(main, ["advise", str(tmp_path / "x.jsonl")])
     assert missing.exit_code == 2 and "no such file" in missing.output
     assert missing.exception is None or isinstance(missing.exception, SystemExit)
+
+
+def test_requests_beyond_the_context_are_refused_without_building_them(tmp_path: Path) -> None:
+    huge = {"input_length": 10**12, "output_tokens": 3, "hash_ids": [1]}
+    ok = {"input_length": 1000, "output_tokens": 3, "hash_ids": [1]}
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps(ok) + "\n" + json.dumps(huge) + "\n")
+    result = CliRunner().invoke(main, ["advise", str(trace), "--quick", "--json"])
+    assert result.exit_code == 0, result.output
+    notes = json.loads(result.stdout)["notes"]
+    assert any("line 2: 1000000000000 prompt" in n and "131072" in n for n in notes)
+    trace.write_text(json.dumps(huge) + "\n[[[" + "[" * 100_000 + "\n")
+    result = CliRunner().invoke(main, ["advise", str(trace), "--quick"])
+    assert result.exit_code == 2
+    assert "no request of the workload could be simulated" in result.output
+    assert "nested too deeply" in result.stderr
+
+
+def test_text_uses_the_models_tokenizer_when_available(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvops.advise.trace as trace_mod
+
+    def by_character(_hf_name: str) -> Any:
+        return lambda text: [ord(c) for c in text]
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"prompt": "four words of text", "output_tokens": 2}) + "\n")
+    words = load_workload(str(trace), ReadOptions(), VOCAB, "meta-llama/Llama-3.1-8B-Instruct")
+    assert next(words.requests()).prompt_len == 4
+    assert "one token" in words.notes[0] and "Llama-3.1-8B-Instruct" in words.notes[0]
+    monkeypatch.setattr(trace_mod, "model_tokenizer", by_character)
+    chars = load_workload(str(trace), ReadOptions(), VOCAB, "meta-llama/Llama-3.1-8B-Instruct")
+    assert next(chars.requests()).prompt_len == len("four words of text")
+    assert chars.notes == []

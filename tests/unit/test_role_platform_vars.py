@@ -67,8 +67,10 @@ def _os_vars_file(role: str, facts: dict[str, str]) -> Path:
     raise AssertionError(f"{role}: no vars file for {facts}")
 
 
-def _render(role: str, platform: str, expr: str, **role_vars: Any) -> Any:
-    facts = PLATFORMS[platform]
+def _render(
+    role: str, platform: str, expr: str, facts_extra: dict[str, Any] | None = None, **role_vars: Any
+) -> Any:
+    facts = {**PLATFORMS[platform], **(facts_extra or {})}
     variables: dict[str, Any] = {}
     for path in (
         ROLES / role / "defaults" / "main.yml",
@@ -129,25 +131,31 @@ def test_driver_packages_follow_the_kernel_module_flavour(
 
 
 @pytest.mark.parametrize(
-    ("platform", "doca_path", "rdma_core", "initramfs"),
+    ("platform", "doca_path", "rdma_core", "doca", "initramfs"),
     [
         (
             "ubuntu-22.04-x86_64",
             "ubuntu22.04/x86_64/",
             ["rdma-core", "ibverbs-utils"],
+            ["doca-ofed", "mlnx-nfsrdma-dkms"],
             ["update-initramfs", "-u", "-k", "all"],
         ),
-        ("ubuntu-24.04-aarch64", "ubuntu24.04/arm64-sbsa/", None, None),
+        ("ubuntu-24.04-aarch64", "ubuntu24.04/arm64-sbsa/", None, None, None),
         (
             "rhel-9.4-x86_64",
             "rhel9.4/x86_64/",
             ["rdma-core", "libibverbs-utils"],
+            ["doca-ofed", "kmod-mlnx-nfsrdma"],
             ["dracut", "--force"],
         ),
     ],
 )
 def test_rdma_stack_repository_packages_and_initramfs_per_platform(
-    platform: str, doca_path: str, rdma_core: list[str] | None, initramfs: list[str] | None
+    platform: str,
+    doca_path: str,
+    rdma_core: list[str] | None,
+    doca: list[str] | None,
+    initramfs: list[str] | None,
 ) -> None:
     url = _render(
         "rdma_client", platform, "_rdma_client_doca_repo_url", rdma_client_doca_version="3.1.0"
@@ -158,10 +166,11 @@ def test_rdma_stack_repository_packages_and_initramfs_per_platform(
             "rdma_client", platform, "_rdma_client_packages", rdma_client_stack="rdma-core"
         )
         assert list(got) == rdma_core
-        doca = _render(
+        got = _render(
             "rdma_client", platform, "_rdma_client_packages", rdma_client_stack="doca-ofed"
         )
-        assert list(doca) == ["doca-ofed"]
+        # DOCA-OFED with its NFS-RDMA client modules: the in-box rpcrdma does not load under it.
+        assert list(got) == doca
     if initramfs is not None:
         assert list(_render("rdma_client", platform, "_rdma_client_initramfs_command")) == initramfs
 
@@ -173,3 +182,50 @@ def test_rdma_stack_repository_packages_and_initramfs_per_platform(
 def test_nfs_client_package_per_platform(platform: str, packages: list[str]) -> None:
     got = _render("nfs_rdma_mount", platform, "_nfs_rdma_mount_client_packages")
     assert list(got) == packages
+
+
+def test_the_default_rdma_stack_is_doca_ofed_and_pins_follow_the_stack() -> None:
+    """GDS over NFS needs DOCA-OFED: it is the default; rdma-core's pin covers its packages."""
+    platform = "ubuntu-22.04-x86_64"
+    assert _render("rdma_client", platform, "rdma_client_stack") == "doca-ofed"
+    doca = _render(
+        "rdma_client", platform, "_rdma_client_install_names", _rdma_client_pin="=3.1.0-1"
+    )
+    assert list(doca) == ["doca-ofed=3.1.0-1", "mlnx-nfsrdma-dkms"]
+    distro = _render(
+        "rdma_client",
+        platform,
+        "_rdma_client_install_names",
+        rdma_client_stack="rdma-core",
+        _rdma_client_pin="=44.0-2",
+    )
+    assert list(distro) == ["rdma-core=44.0-2", "ibverbs-utils=44.0-2"]
+
+
+@pytest.mark.parametrize(
+    ("stack", "installed", "conflicting"),
+    [
+        # DOCA-OFED replaces the distribution's rdma-core in place: no conflict.
+        ("doca-ofed", ["rdma-core", "ibverbs-utils"], []),
+        ("doca-ofed", ["doca-ofed", "mlnx-ofed-kernel-dkms", "rdma-core"], []),
+        # MLNX_OFED's metapackages under DOCA-OFED: refused.
+        ("doca-ofed", ["mlnx-ofed-basic", "mlnx-ofed-kernel-dkms"], ["mlnx-ofed-basic"]),
+        ("rdma-core", ["rdma-core"], []),
+        (
+            "rdma-core",
+            ["doca-ofed", "mlnx-ofed-kernel-dkms"],
+            ["doca-ofed", "mlnx-ofed-kernel-dkms"],
+        ),
+    ],
+)
+def test_only_mlnx_ofed_and_doca_mixes_are_refused(
+    stack: str, installed: list[str], conflicting: list[str]
+) -> None:
+    got = _render(
+        "rdma_client",
+        "ubuntu-22.04-x86_64",
+        "_rdma_client_other_stack_found",
+        facts_extra={"packages": {p: [{}] for p in installed}},
+        rdma_client_stack=stack,
+    )
+    assert sorted(got) == conflicting
