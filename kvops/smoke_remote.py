@@ -71,7 +71,7 @@ class RemoteChunks:
         program = f"{_SOURCE}\nmain({json.dumps(json.dumps(request))})\n"
         deadline = time.monotonic() + self.ssh.timeout_s
         try:
-            code, out, err = run_ssh(self.host, program, self.ssh, deadline)
+            run = run_ssh(self.host, program, self.ssh, deadline)
         except paramiko.BadHostKeyException as exc:
             raise SmokeError(
                 f"host key of {exc.hostname} CHANGED (known_hosts "
@@ -79,6 +79,7 @@ class RemoteChunks:
             ) from exc
         except (OSError, paramiko.SSHException, ValueError) as exc:
             raise SmokeError(f"cannot read {self.where} over SSH: {exc}") from exc
+        code, out, err = run.exit_status, run.stdout, run.stderr_tail
         lines = out.decode("utf-8", "replace").strip().splitlines()
         if code != 0 or not lines:
             tail = err.decode("utf-8", "replace").strip()[-300:]
