@@ -79,11 +79,10 @@ class RemoteChunks:
             ) from exc
         except (OSError, paramiko.SSHException, ValueError) as exc:
             raise SmokeError(f"cannot read {self.where} over SSH: {exc}") from exc
-        code, out, err = run.exit_status, run.stdout, run.stderr_tail
-        lines = out.decode("utf-8", "replace").strip().splitlines()
-        if code != 0 or not lines:
-            tail = err.decode("utf-8", "replace").strip()[-300:]
-            raise SmokeError(f"reading {self.where} failed (exit {code}): {tail}")
+        lines = run.stdout.decode("utf-8", "replace").strip().splitlines()
+        if run.exit_status != 0 or not lines:
+            tail = run.stderr_tail.decode("utf-8", "replace").strip()[-300:]
+            raise SmokeError(f"reading {self.where} failed (exit {run.exit_status}): {tail}")
         try:
             answer: dict[str, Any] = json.loads(lines[-1])
         except ValueError as exc:
