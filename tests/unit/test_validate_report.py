@@ -34,7 +34,7 @@ from kvops.validate import (
 def test_catalog_ids_unique_and_well_formed() -> None:
     ids = [row[0] for row in _ROWS]
     assert len(ids) == len(set(ids))
-    assert all(re.fullmatch(r"GDS-\d{3}", i) for i in ids)
+    assert all(re.fullmatch(r"(GDS|ONT)-\d{3}", i) for i in ids)
     assert [r.check_id for r in catalog_rows()] == sorted(ids)
     assert all(r.title and r.remedy for r in CATALOG.values())
     table = catalog_markdown().splitlines()
@@ -52,7 +52,7 @@ def test_fleet_bundle_exit_codes() -> None:
     fleet = judge_fleet(load_evidence(eb.EVIDENCE_DIR / "fleet"))
     assert fleet.unreachable == ["unreachable"]
     assert fleet.exit_code() == 2
-    assert fleet.counts() == {"FAIL": 5, "WARN": 3, "PASS": 1, "SKIP": 0}
+    assert fleet.counts() == {"FAIL": 8, "WARN": 3, "PASS": 1, "SKIP": 0}
     assert judge_fleet(load_evidence(eb.EVIDENCE_DIR / "healthy")).exit_code() == 0
     assert judge_fleet(load_evidence(eb.EVIDENCE_DIR / "broken")).exit_code() == 1
 
