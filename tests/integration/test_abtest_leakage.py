@@ -40,7 +40,8 @@ def _ab_test(tmp_path: Path, name: str, base: str, cand: str, *extra: str) -> di
 
 
 def _offload_share(doc: dict) -> float:  # type: ignore[type-arg]
-    return float(doc["scenarios"]["unique-one-shot"]["arms"]["offload"]["metrics"]["cached_token_share"])
+    metrics = doc["scenarios"]["unique-one-shot"]["arms"]["offload"]["metrics"]
+    return float(metrics["cached_token_share"])
 
 
 @pytest.mark.timeout(600)
