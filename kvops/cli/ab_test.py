@@ -207,7 +207,7 @@ def ab_test(**kw: Any) -> RC:
     args = CliArgs(**kw)
     try:
         req = _request(args)
-    except ValueError as exc:  # a bad --arm, --slo or workload spec (SpecError)
+    except ValueError as exc:  # a bad --arm, --slo or workload spec (WorkloadSpecError)
         raise click.UsageError(str(exc)) from None
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
