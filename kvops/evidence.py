@@ -107,8 +107,10 @@ IP_ADDR = "ip_addr"
 MOUNTS = "mounts"
 CMDLINE = "cmdline"
 IOMMU = "iommu"
+PCI_ACS = "pci_acs"
 CUFILE_JSON = "cufile_json"
 GDSCHECK = "gdscheck"
+BENCH_DIR = "bench_dir"
 GDSIO_WRITE = "gdsio_write"
 GDSIO_READ = "gdsio_read"
 NVFS_STATS_BEFORE_BENCH = "nvfs_stats_before_bench"
@@ -119,6 +121,9 @@ VLLM_PROCESS = "vllm_process"
 VLLM_ENV = "vllm_env"
 LMCACHE_CONFIG = "lmcache_config"
 LMCACHE_VERSION = "lmcache_version"
+VLLM_JOURNAL = "vllm_journal"
+VLLM_CONFIG_FILE = "vllm_config_file"
+VLLM_WRAPPER = "vllm_wrapper"
 GDS_DIR = "gds_dir"
 HTTP_HEALTH = "http_health"
 HTTP_VERSION = "http_version"
@@ -170,8 +175,14 @@ ITEM_SOURCES: dict[str, str] = {
     MOUNTS: "file /proc/mounts (parsed by kvops.parse.mounts).",
     CMDLINE: "file /proc/cmdline (intel_iommu=, amd_iommu=, iommu=pt ...).",
     IOMMU: (
-        "sysfs /sys/kernel/iommu_groups; data = {'group_count': int} (0 groups: IOMMU off "
-        "or not exposed)."
+        "sysfs /sys/kernel/iommu_groups; data = {'group_count': int, 'types': {'identity': "
+        "n, 'DMA-FQ': m}} (0 groups: IOMMU off or not exposed; types = each group's default "
+        "domain from <group>/type, absent on older kernels and bundles)."
+    ),
+    PCI_ACS: (
+        "command ['lspci', '-vvv'], stdout kept to device header lines and 'ACSCap:'/'ACSCtl:'"
+        " lines (item 'filtered' says so); parsed by kvops.parse.pci_acs. Without root lspci "
+        "prints '<access denied>' for the capabilities."
     ),
     CUFILE_JSON: (
         "file: the cufile.json the service's libcufile reads (settings.cufile_json_path, "
@@ -181,9 +192,16 @@ ITEM_SOURCES: dict[str, str] = {
         "command ['/usr/local/cuda/gds/tools/gdscheck', '-p'] (first gdscheck found under "
         "/usr/local/cuda*/gds/tools; parsed by kvops.parse.gdscheck)."
     ),
+    BENCH_DIR: (
+        "dir <gds_dir>/kvops-gdsio-XXXXXX made with mkdtemp by the bench user (the service "
+        "user unless settings.bench_user); data = {'dir': path, 'stale_removed': [dirs a "
+        "killed earlier run left], 'stale_left': [those it could not remove]}; `error` "
+        "when it could not be made (then gdsio is not run). Only with --storage-bench."
+    ),
     GDSIO_WRITE: (
-        "command gdsio -D <gds_dir>/kvops-gdsio -d <gpu> -w <threads> -s <size> -i <io_size> "
-        "-x 0 -I 1 (GPU_DIRECT write; only with --storage-bench)."
+        "command gdsio -D <bench_dir> -d <gpu> -w <threads> -s <size> -i <io_size> -x 0 -I 1 "
+        "(GPU_DIRECT write as the bench user, clean env: CUFILE_ENV_PATH_JSON, "
+        "CUFILE_LOGFILE_PATH only; item run_as names the user; only with --storage-bench)."
     ),
     GDSIO_READ: "command gdsio ... -x 0 -I 0 on the files GDSIO_WRITE made (--storage-bench).",
     NVFS_STATS_BEFORE_BENCH: "file /proc/driver/nvidia-fs/stats read just before gdsio_write.",
@@ -195,7 +213,9 @@ ITEM_SOURCES: dict[str, str] = {
     ),
     VLLM_PROCESS: (
         "sysfs /proc/<MainPID>; data = {'pid': int, 'user': str, 'argv': [..]} of the running "
-        "vLLM service (argv from /proc/<pid>/cmdline); absent/error when not running."
+        "vLLM service (argv from /proc/<pid>/cmdline); absent/error when not running. With "
+        "'serving_pid'/'serving_argv' when MainPID is a wrapper or container monitor and a "
+        "descendant process runs vLLM."
     ),
     VLLM_ENV: (
         "sysfs /proc/<MainPID>/environ, else the unit's Environment=/EnvironmentFile=; "
@@ -206,11 +226,28 @@ ITEM_SOURCES: dict[str, str] = {
         "(stdout = YAML text)."
     ),
     LMCACHE_VERSION: (
-        "command [<service python>, '-c', 'import importlib.metadata as m; "
-        'print(m.version("lmcache"))\'] (stdout = version string).'
+        "file <prefix>/lib/python3*/site-packages/lmcache-*.dist-info/METADATA, looked up in "
+        "the service's filesystem (/proc/<pid>/root) under its venv; stdout = 'Name: lmcache"
+        "\\nVersion: 0.5.6'. Never obtained by running the service's Python. Older bundles: "
+        "a command whose last stdout line is the version."
+    ),
+    VLLM_CONFIG_FILE: (
+        "file: the YAML of `vllm serve --config FILE` (read inside the service's filesystem, "
+        "/proc/<pid>/root, when it has one); redacted. Only when argv has --config."
+    ),
+    VLLM_WRAPPER: (
+        "file: the script the unit or MainPID runs (`bash /opt/run-vllm.sh`, or argv[0] "
+        "starting with #!), read as text and redacted, never run. Only when there is one."
+    ),
+    VLLM_JOURNAL: (
+        "command ['journalctl', '--no-pager', '-o', 'cat', '-n', '3000', "
+        "'_SYSTEMD_INVOCATION_ID=<the unit's InvocationID>'] (the current run's log), else "
+        "[..., '-b', '-u', <vllm_service>]; redacted on the host. Exit 127 without systemd."
     ),
     GDS_DIR: (
-        "dir settings.gds_dir; data = {'exists': bool, 'is_dir': bool, 'file_count': int, "
+        "dir settings.gds_dir, read in a child process with its own time budget; error "
+        "'GDS directory <path> did not answer in N s' (data exists: None) when it hangs; "
+        "data = {'exists': bool, 'is_dir': bool, 'file_count': int, "
         "'bytes': int, 'tmp_file_count': int, 'tmp_files': [first paths], 'free_bytes': int, "
         "'total_bytes': int, 'owner': str, 'group': str, 'mode': '0o2775', "
         "'service_user': str, 'writable_by_service_user': bool|None}. tmp files = names "

@@ -18,11 +18,33 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvops.errors import KvopsError
+
+
+def host_number(
+    host: InventoryHost, var: str, default: float, minimum: float = 0, integer: bool = False
+) -> float:
+    """A numeric host variable, or InventoryError naming the host and the variable: a value
+    such as `"20s"` is a usage error (exit 2) before anything connects, never a traceback."""
+    raw = host.vars.get(var)
+    if raw is None or raw == "":
+        return default
+    kind = "a whole number" if integer else "a number"
+    try:
+        if isinstance(raw, bool):
+            raise ValueError(raw)
+        value = float(raw)
+        if integer and not value.is_integer():
+            raise ValueError(raw)
+    except (TypeError, ValueError):
+        raise InventoryError(f"{host.name}: {var} = {raw!r} is not {kind}") from None
+    if value < minimum:
+        raise InventoryError(f"{host.name}: {var} = {raw!r} must be >= {minimum:g}")
+    return value
 
 
 class InventoryError(KvopsError):
@@ -36,6 +58,10 @@ class Jump:
     host: str
     port: int = 22
     user: str | None = None
+    # The hop's own credentials (from its inventory entry); never the target's.
+    key_file: str | None = None
+    password: str | None = None
+    known_hosts_file: str | None = None
 
 
 @dataclass
@@ -46,6 +72,8 @@ class InventoryHost:
     groups: list[str] = field(default_factory=list)
     vars: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # Inventory hosts a ProxyJump hop may name (credentials for the hop come from them).
+    jump_hosts: list[InventoryHost] = field(default_factory=list, repr=False)
 
     @property
     def address(self) -> str:
@@ -53,11 +81,11 @@ class InventoryHost:
 
     @property
     def port(self) -> int:
-        raw = self.vars.get("ansible_port", self.vars.get("ansible_ssh_port", 22))
-        try:
-            return int(raw)
-        except (TypeError, ValueError):
-            return 22
+        name = "ansible_port" if "ansible_port" in self.vars else "ansible_ssh_port"
+        value = host_number(self, name, 22, minimum=1, integer=True)
+        if value > 65535:
+            raise InventoryError(f"{self.name}: {name} = {value} is not a TCP port (1-65535)")
+        return int(value)
 
     @property
     def user(self) -> str | None:
@@ -115,7 +143,22 @@ class InventoryHost:
 
     @property
     def jumps(self) -> list[Jump]:
-        return parse_proxy_jump(self.ssh_args)
+        """The hops, each with its own credentials when the inventory has an entry for it
+        (matched by inventory name or ansible_host, and port): a jump host never receives the
+        target's password or key (it may belong to someone else)."""
+        hops = []
+        for hop in parse_proxy_jump(self.ssh_args):
+            entry = next((h for h in self.jump_hosts if _is_hop(h, hop)), None)
+            if entry is not None:
+                hop = replace(
+                    hop,
+                    user=hop.user or entry.user,
+                    key_file=entry.key_file,
+                    password=entry.password,
+                    known_hosts_file=entry.known_hosts_file,
+                )
+            hops.append(hop)
+        return hops
 
     @property
     def proxy_command(self) -> str | None:
@@ -128,6 +171,10 @@ class InventoryHost:
         if not value or value.lower() == "none":
             return None
         return os.path.expanduser(shlex.split(value)[0])
+
+
+def _is_hop(entry: InventoryHost, hop: Jump) -> bool:
+    return hop.host in (entry.name, entry.address) and hop.port == entry.port
 
 
 def as_bool(value: Any) -> bool:
@@ -177,12 +224,18 @@ def parse_proxy_jump(args: list[str]) -> list[Jump]:
         host, port = hostport, 22
         if hostport.startswith("["):
             host, _, rest = hostport[1:].partition("]")
-            port = int(rest[1:]) if rest.startswith(":") else 22
+            port = _hop_port(rest[1:], hop) if rest.startswith(":") else 22
         elif hostport.count(":") == 1:
             host, _, p = hostport.partition(":")
-            port = int(p)
+            port = _hop_port(p, hop)
         jumps.append(Jump(host=host, port=port, user=user or None))
     return jumps
+
+
+def _hop_port(text: str, hop: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise InventoryError(f"ProxyJump hop {hop!r}: port {text!r} is not a TCP port")
+    return int(text)
 
 
 def _collect_hosts(data: dict[str, Any]) -> dict[str, list[str]]:
@@ -272,6 +325,8 @@ def load_inventory(
         raise InventoryError(f"ansible-inventory printed no JSON: {exc}") from exc
     hosts = hosts_from_list(data, limit=limit)
     _decrypt_vaulted(hosts, vault_password_files or [], vault_ids or [], timeout_s)
+    for host in hosts:
+        host.jump_hosts = hosts
     return hosts
 
 
@@ -307,9 +362,15 @@ def _decrypt_vaulted(
                     cmd += ["--vault-password-file", vpf]
                 for vid in vault_ids:
                     cmd += ["--vault-id", vid]
-                proc = subprocess.run(
-                    cmd, input=cipher, capture_output=True, text=True, timeout=timeout_s
-                )
+                try:
+                    proc = subprocess.run(
+                        cmd, input=cipher, capture_output=True, text=True, timeout=timeout_s
+                    )
+                except subprocess.TimeoutExpired:
+                    raise InventoryError(
+                        f"{host.name}: {key}: ansible-vault did not decrypt it within "
+                        f"{timeout_s:.0f} s (a password prompt or script waiting?)"
+                    ) from None
                 cache[cipher] = proc.stdout if proc.returncode == 0 else None
             plain = cache[cipher]
             if plain is None:
@@ -417,6 +478,8 @@ def probe_settings(
         settings["min_free_gib"] = floor
     settings["storage_bench"] = bool(storage_bench)
     args = dict(DEFAULT_GDSIO)
+    for key in ("threads", "gpu"):
+        host_number(host, GDSIO_VARS[key], 0, minimum=1 if key == "threads" else 0, integer=True)
     args.update({k: str(host.vars[v]) for k, v in GDSIO_VARS.items() if host.vars.get(v)})
     args.update({k: v for k, v in (gdsio or {}).items() if v})
     settings["gdsio_args"] = args
@@ -433,7 +496,7 @@ def probe_options(host: InventoryHost) -> dict[str, Any]:
     if dirs:
         opts["tool_dirs"] = [str(d) for d in (dirs if isinstance(dirs, list) else [dirs])]
     for key in ("command_timeout_s", "http_timeout_s", "bench_timeout_s"):
-        value = host.vars.get(f"kvops_probe_{key}")
-        if value is not None and value != "":
-            opts[key] = float(value)
+        var = f"kvops_probe_{key}"
+        if host.vars.get(var) not in (None, ""):
+            opts[key] = host_number(host, var, 0.0, minimum=0.1)
     return opts

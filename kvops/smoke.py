@@ -1,4 +1,4 @@
-"""The offload smoke judge: evidence gathered around one prompt sent twice → PASS/FAIL/SKIP items.
+"""The offload smoke judge: evidence around one prompt sent twice → PASS/FAIL/SKIP findings.
 
 Why a separate pure module: the runner (`kvops.smoke_run`) does all the I/O — metrics scrapes,
 two streaming requests with an eviction in between, a listing of the chunk directory — and
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
+from kvops.checks.model import Finding, Severity, finding
 from kvops.errors import RC
-
-Status = Literal["PASS", "FAIL", "SKIP"]
+from kvops.validate import FleetResult, worst
 
 # Counters read at each phase (names without the `_total` suffix; the parser tries both).
 LMCACHE_STORED = "lmcache:num_stored_tokens"
@@ -144,13 +144,27 @@ class SmokeEvidence:
         )
 
 
-@dataclass(frozen=True)
-class SmokeItem:
-    """One judged piece of evidence."""
+# Each item is a finding with its id in the check catalog (kvops/checks/catalog.py, GDS-2xx), so
+# smoke reports with validate's table, JSON and JUnit; the short names stay for `--json` readers.
+ITEM_IDS = {
+    "offload": "GDS-200",
+    "eviction": "GDS-201",
+    "stored_tokens": "GDS-202",
+    "external_hits": "GDS-203",
+    "retrieved_tokens": "GDS-204",
+    "ttft": "GDS-205",
+    "chunk_files": "GDS-206",
+}
+ITEM_NAMES = {check_id: name for name, check_id in ITEM_IDS.items()}
 
-    name: str
-    status: Status
-    message: str
+
+def item_name(item: Finding) -> str:
+    """The smoke item a finding judges (`offload`, `ttft`, ...)."""
+    return ITEM_NAMES[item.check_id]
+
+
+def _finding(name: str, severity: Severity, message: str) -> Finding:
+    return finding(ITEM_IDS[name], severity, message)
 
 
 def _rise(a: MetricsSnapshot, b: MetricsSnapshot, name: str) -> float | None:
@@ -165,15 +179,15 @@ def _tok(value: float) -> str:
     return f"{value:,.0f} tokens"
 
 
-def judge_offload(ev: SmokeEvidence) -> SmokeItem:
+def judge_offload(ev: SmokeEvidence) -> Finding:
     """Is there a second KV tier? LMCache metrics, or a connector that was asked for the prompt."""
     queried = _rise(ev.before, ev.after_resend, EXTERNAL_QUERIES)
     if ev.after_resend.has_lmcache:
-        return SmokeItem("offload", "PASS", "LMCache metrics present: an LMCache engine")
+        return _finding("offload", Severity.PASS, "LMCache metrics present: an LMCache engine")
     if queried is not None and queried > 0:
-        return SmokeItem(
+        return _finding(
             "offload",
-            "PASS",
+            Severity.PASS,
             f"a KV connector was queried for {_tok(queried)} (no LMCache metrics)",
         )
     why = (
@@ -181,32 +195,32 @@ def judge_offload(ev: SmokeEvidence) -> SmokeItem:
         if queried is not None
         else "no vllm:external_prefix_cache_queries metric"
     )
-    return SmokeItem(
+    return _finding(
         "offload",
-        "FAIL",
+        Severity.FAIL,
         f"offload not configured: no LMCache metrics and no KV connector was asked ({why}); "
         "start the engine with --kv-transfer-config naming a connector (e.g. LMCacheConnectorV1)",
     )
 
 
-def judge_eviction(ev: SmokeEvidence) -> SmokeItem:
+def judge_eviction(ev: SmokeEvidence) -> Finding:
     """The prompt must have left GPU memory, or a fast re-send proves nothing about offload."""
     if ev.eviction.method == "none":
-        return SmokeItem(
+        return _finding(
             "eviction",
-            "FAIL",
+            Severity.FAIL,
             f"could not force the prompt out of GPU memory: {ev.eviction.detail}",
         )
     local_hits = _rise(ev.before_resend, ev.after_resend, LOCAL_HITS)
     if local_hits is not None and local_hits >= RESIDENT_SHARE * ev.resent_tokens:
-        return SmokeItem(
+        return _finding(
             "eviction",
-            "FAIL",
+            Severity.FAIL,
             f"the prompt was still in GPU memory after {ev.eviction.method} "
             f"({ev.eviction.detail}): the re-send found {_tok(local_hits)} in the GPU prefix cache",
         )
     seen = "" if local_hits is None else f"; re-send found {_tok(local_hits)} in the GPU cache"
-    return SmokeItem("eviction", "PASS", f"{ev.eviction.detail}{seen}")
+    return _finding("eviction", Severity.PASS, f"{ev.eviction.detail}{seen}")
 
 
 def _judge_lmcache_counter(
@@ -216,20 +230,20 @@ def _judge_lmcache_counter(
     metric: str,
     rose_when: str,
     none_means: str,
-) -> SmokeItem:
+) -> Finding:
     """One LMCache counter between two snapshots: SKIP on a non-LMCache engine, FAIL when the
     counter is missing or flat, PASS with the rise."""
     if not after.has_lmcache:
-        return SmokeItem(item, "SKIP", "no LMCache metrics: not an LMCache engine")
+        return _finding(item, Severity.SKIP, "no LMCache metrics: not an LMCache engine")
     rose = _rise(before, after, metric)
     if rose is None:
-        return SmokeItem(item, "FAIL", f"LMCache metrics present but no {metric}")
+        return _finding(item, Severity.FAIL, f"LMCache metrics present but no {metric}")
     if rose > 0:
-        return SmokeItem(item, "PASS", f"{metric} rose by {_tok(rose)} {rose_when}")
-    return SmokeItem(item, "FAIL", f"{metric} did not rise{none_means}")
+        return _finding(item, Severity.PASS, f"{metric} rose by {_tok(rose)} {rose_when}")
+    return _finding(item, Severity.FAIL, f"{metric} did not rise{none_means}")
 
 
-def judge_stored(ev: SmokeEvidence) -> SmokeItem:
+def judge_stored(ev: SmokeEvidence) -> Finding:
     return _judge_lmcache_counter(
         "stored_tokens",
         ev.before,
@@ -240,7 +254,7 @@ def judge_stored(ev: SmokeEvidence) -> SmokeItem:
     )
 
 
-def judge_retrieved(ev: SmokeEvidence) -> SmokeItem:
+def judge_retrieved(ev: SmokeEvidence) -> Finding:
     return _judge_lmcache_counter(
         "retrieved_tokens",
         ev.before_resend,
@@ -251,28 +265,28 @@ def judge_retrieved(ev: SmokeEvidence) -> SmokeItem:
     )
 
 
-def judge_external_hits(ev: SmokeEvidence) -> SmokeItem:
+def judge_external_hits(ev: SmokeEvidence) -> Finding:
     rose = _rise(ev.before_resend, ev.after_resend, EXTERNAL_HITS)
     if rose is None:
-        return SmokeItem(
-            "external_hits", "SKIP", "the server exposes no vllm:external_prefix_cache_hits"
+        return _finding(
+            "external_hits", Severity.SKIP, "the server exposes no vllm:external_prefix_cache_hits"
         )
     if rose > 0:
-        return SmokeItem(
+        return _finding(
             "external_hits",
-            "PASS",
+            Severity.PASS,
             f"vllm:external_prefix_cache_hits rose by {_tok(rose)} on the re-send "
             f"({rose / max(ev.resent_tokens, 1):.0%} of the re-sent prompt tokens)",
         )
-    return SmokeItem(
+    return _finding(
         "external_hits",
-        "FAIL",
+        Severity.FAIL,
         "vllm:external_prefix_cache_hits did not rise on the re-send: nothing came back "
         "from the offload tier",
     )
 
 
-def judge_ttft(ev: SmokeEvidence, min_drop: float) -> SmokeItem:
+def judge_ttft(ev: SmokeEvidence, min_drop: float) -> Finding:
     cold = statistics.median(r.ttft_ms for r in ev.first_sends)
     warm = statistics.median(r.ttft_ms for r in ev.resends)
     drop = 1.0 - warm / cold if cold > 0 else 0.0
@@ -281,7 +295,7 @@ def judge_ttft(ev: SmokeEvidence, min_drop: float) -> SmokeItem:
         f"median TTFT {cold:.1f} ms cold → {warm:.1f} ms re-sent "
         f"({change}; needed ≥ {min_drop:.0%} lower)"
     )
-    return SmokeItem("ttft", "PASS" if drop >= min_drop else "FAIL", text)
+    return _finding("ttft", Severity.PASS if drop >= min_drop else Severity.FAIL, text)
 
 
 def _size(size_bytes: float) -> str:
@@ -292,14 +306,14 @@ def _size(size_bytes: float) -> str:
     return f"{size_bytes:.1f} GiB"
 
 
-def judge_chunk_files(ev: SmokeEvidence) -> SmokeItem:
+def judge_chunk_files(ev: SmokeEvidence) -> Finding:
     if ev.gds_dir is None:
-        return SmokeItem("chunk_files", "SKIP", "no --gds-dir given")
+        return _finding("chunk_files", Severity.SKIP, "no --gds-dir given")
     new = list(ev.new_files)
     if not new:
-        return SmokeItem(
+        return _finding(
             "chunk_files",
-            "FAIL",
+            Severity.FAIL,
             f"no new chunk files under {ev.gds_dir} ({ev.files_after_count} there, none new): "
             "nothing was written to storage, or this is not the engine's gds_path as seen here",
         )
@@ -307,9 +321,9 @@ def judge_chunk_files(ev: SmokeEvidence) -> SmokeItem:
     bad = [f for f in lmcache if f.header_ok is False]
     size = _size(sum(f.size_bytes for f in new))
     if bad:
-        return SmokeItem(
+        return _finding(
             "chunk_files",
-            "FAIL",
+            Severity.FAIL,
             f"{len(bad)} of {len(lmcache)} new LMCache chunk files have a bad header or size "
             f"(e.g. {bad[0].path})",
         )
@@ -318,15 +332,15 @@ def judge_chunk_files(ev: SmokeEvidence) -> SmokeItem:
         if lmcache
         else "connector files (*.safetensors)"
     )
-    return SmokeItem(
+    return _finding(
         "chunk_files",
-        "PASS",
+        Severity.PASS,
         f"{len(new)} new {kind} under {ev.gds_dir}, {size} "
         f"({ev.files_before_count} → {ev.files_after_count} files)",
     )
 
 
-def judge(ev: SmokeEvidence, min_ttft_drop: float = DEFAULT_MIN_TTFT_DROP) -> list[SmokeItem]:
+def judge(ev: SmokeEvidence, min_ttft_drop: float = DEFAULT_MIN_TTFT_DROP) -> list[Finding]:
     """All items, in the order a reader follows the story."""
     return [
         judge_offload(ev),
@@ -339,13 +353,27 @@ def judge(ev: SmokeEvidence, min_ttft_drop: float = DEFAULT_MIN_TTFT_DROP) -> li
     ]
 
 
-def overall(items: Sequence[SmokeItem]) -> Status:
+def overall(items: Sequence[Finding]) -> Severity:
     """FAIL if any item failed; PASS if at least one passed and none failed; else SKIP."""
-    if any(i.status == "FAIL" for i in items):
-        return "FAIL"
-    return "PASS" if any(i.status == "PASS" for i in items) else "SKIP"
+    return worst(i.severity for i in items)
 
 
-def exit_code(items: Sequence[SmokeItem]) -> RC:
+def exit_code(items: Sequence[Finding]) -> RC:
     """OK or FAIL (as for validate); COULD_NOT_RUN is the runner's `SmokeError`."""
-    return RC.FAIL if overall(items) == "FAIL" else RC.OK
+    return RC.FAIL if overall(items) is Severity.FAIL else RC.OK
+
+
+def report_dict(ev: SmokeEvidence, items: Sequence[Finding]) -> dict[str, Any]:
+    """What `--json` adds to validate's document: the verdict, items by name, the evidence."""
+    return {
+        "status": str(overall(items)),
+        "items": [
+            {"name": item_name(i), "status": str(i.severity), "message": i.message} for i in items
+        ],
+        "evidence": ev.to_dict(),
+    }
+
+
+def as_fleet(target: str, items: Sequence[Finding]) -> FleetResult:
+    """The judged engine as a one-host fleet, for validate's renderers (table, JSON, JUnit)."""
+    return FleetResult(findings={target: [replace(i, host=target) for i in items]})

@@ -24,6 +24,7 @@ Why it looks like this:
 from __future__ import annotations
 
 import errno
+import fnmatch
 import getpass
 import logging
 import os
@@ -33,13 +34,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import paramiko
+from paramiko.hostkeys import InvalidHostKey
 
-from kvops.inventory import InventoryHost
+from kvops.inventory import InventoryHost, Jump
 from kvops.probe.bundle import INTERPRETER_ARGS
 
 logging.getLogger("paramiko").addHandler(logging.NullHandler())  # no auth chatter on stderr
@@ -97,7 +99,7 @@ class _FileCache(Generic[T]):
 
 
 _NO_FILE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
-_KNOWN_HOSTS: _FileCache[paramiko.HostKeys] = _FileCache()
+_KNOWN_HOSTS: _FileCache[KnownHosts] = _FileCache()
 _PRIVATE_KEYS: _FileCache[paramiko.PKey | None] = _FileCache()
 # The classes paramiko's SSHClient tries, in its order, for a key_filename (DSS is gone in 4.x).
 _KEY_CLASSES: tuple[Any, ...] = tuple(
@@ -118,25 +120,84 @@ def clear_caches() -> None:
     _PRIVATE_KEYS.clear()
 
 
+@dataclass
+class KnownHosts:
+    """A known_hosts file as OpenSSH reads it (sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT"): plain
+    entries, `@revoked` keys (refused even when listed or accepted as new) and
+    `@cert-authority` lines. paramiko's own loader raises on a marker line, which made every
+    host fail; here markers are read apart and a bad line is skipped, as ssh does."""
+
+    keys: paramiko.HostKeys = field(default_factory=paramiko.HostKeys)
+    revoked: list[paramiko.PKey] = field(default_factory=list)
+    authorities: list[tuple[list[str], paramiko.PKey]] = field(default_factory=list)
+    skipped_lines: list[int] = field(default_factory=list)
+
+    def is_revoked(self, key: paramiko.PKey) -> bool:
+        return any(key == bad for bad in self.revoked)
+
+    def authority_for(self, name: str) -> bool:
+        """Whether a @cert-authority line covers this host name (patterns with * and ?)."""
+        plain = name[1:].split("]", 1)[0] if name.startswith("[") else name
+        for patterns, _key in self.authorities:
+            matches = [fnmatch.fnmatch(plain, pat) for pat in patterns if not pat.startswith("!")]
+            negated = [fnmatch.fnmatch(plain, pat[1:]) for pat in patterns if pat.startswith("!")]
+            if any(matches) and not any(negated):
+                return True
+        return False
+
+
+def _known_hosts(path: Path) -> KnownHosts:
+    """The parsed file, once per run; an absent file is an empty one."""
+    try:
+        return _KNOWN_HOSTS.get(str(path), lambda: _parse_known_hosts(path))
+    except OSError as exc:
+        if exc.errno in _NO_FILE:  # what Path.exists() calls absent: no known keys
+            return KnownHosts()
+        raise
+
+
 def _known_host_entries(path: Path, name: str) -> list[tuple[str, paramiko.PKey]]:
     """(key type, key) of `name` in the known_hosts file, in file order (what paramiko's
     lookup gives: the first key of each type, hashed host names included); [] if none."""
-    try:
-        parsed = _KNOWN_HOSTS.get(str(path), lambda: _parse_known_hosts(path))
-    except OSError as exc:
-        if exc.errno in _NO_FILE:  # what Path.exists() calls absent: no known keys
-            return []
-        raise
-    found = parsed.lookup(name)
+    found = _known_hosts(path).keys.lookup(name)
     if found is None:
         return []
     return [(keytype, found[keytype]) for keytype in dict.fromkeys(found.keys())]
 
 
-def _parse_known_hosts(path: Path) -> paramiko.HostKeys:
-    keys = paramiko.HostKeys()
-    keys.load(str(path))
-    return keys
+def _marker_key(fields: list[str]) -> paramiko.PKey | None:
+    entry = paramiko.hostkeys.HostKeyEntry.from_line(" ".join(fields[1:]))
+    return entry.key if entry is not None else None
+
+
+def _parse_known_hosts(path: Path) -> KnownHosts:
+    parsed = KnownHosts()
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for number, raw in enumerate(fh, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            fields = line.split()
+            try:
+                if fields[0] in ("@revoked", "@cert-authority"):
+                    key = _marker_key(fields)
+                    if key is None:
+                        raise paramiko.SSHException("unreadable key")
+                    if fields[0] == "@revoked":
+                        parsed.revoked.append(key)
+                    else:
+                        parsed.authorities.append((fields[1].split(","), key))
+                    continue
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
+            except (paramiko.SSHException, InvalidHostKey, ValueError, IndexError, TypeError):
+                parsed.skipped_lines.append(number)
+                continue
+            if entry is None:
+                parsed.skipped_lines.append(number)
+                continue
+            # what HostKeys.load does per line (add() would replace a same-type key instead)
+            parsed.keys._entries.append(entry)  # type: ignore[attr-defined]
+    return parsed
 
 
 def _private_key(path: str) -> paramiko.PKey | None:
@@ -181,6 +242,15 @@ class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
+        known = _known_hosts(self.path)
+        if known.is_revoked(key):
+            raise HostKeyRefused(f"host key of {hostname} ({fingerprint(key)}) is @revoked")
+        if known.authority_for(hostname) and not self.accept_new:
+            raise HostKeyRefused(
+                f"{self.path} trusts a @cert-authority for {hostname}, but paramiko checks "
+                f"plain host keys only and the host's key {fingerprint(key)} is not listed; "
+                "add it (ssh-keyscan) after checking it against the certificate"
+            )
         if not self.accept_new:
             raise HostKeyRefused(
                 f"host key of {hostname} ({fingerprint(key)}) is not in {self.path}; verify it "
@@ -193,6 +263,14 @@ class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """What one connection authenticates with: a hop's own, or the target's."""
+
+    key_file: str | None = None
+    password: str | None = None
+
+
 def _client(
     host: InventoryHost,
     address: str,
@@ -201,15 +279,23 @@ def _client(
     opts: SshOptions,
     timeout_s: float,
     sock: Any = None,
+    creds: Credentials | None = None,
+    known: Path | None = None,
 ) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
-    known = known_hosts_for(host, opts)
+    known = known or known_hosts_for(host, opts)
     name = address if port == 22 else f"[{address}]:{port}"  # paramiko's known_hosts name
     for keytype, key in _known_host_entries(known, name):
         client.get_host_keys().add(name, keytype, key)
     client.set_missing_host_key_policy(_KnownHostsPolicy(known, opts.accept_new_host_keys))
+    if creds is None:
+        creds = Credentials(host.key_file, host.password)
     try:
-        _do_connect(client, host, address, port, user, timeout_s, sock)
+        _do_connect(client, creds, address, port, user, timeout_s, sock)
+        transport = client.get_transport()
+        presented = transport.get_remote_server_key() if transport is not None else None
+        if presented is not None and _known_hosts(known).is_revoked(presented):
+            raise HostKeyRefused(f"host key of {name} ({fingerprint(presented)}) is @revoked")
     except paramiko.BadHostKeyException as exc:
         client.close()
         exc.hostname = address if port == 22 else f"[{address}]:{port}"  # known_hosts name
@@ -225,21 +311,21 @@ def _client(
 
 def _do_connect(
     client: paramiko.SSHClient,
-    host: InventoryHost,
+    creds: Credentials,
     address: str,
     port: int,
     user: str,
     timeout_s: float,
     sock: Any,
 ) -> None:
-    pkey = _private_key(host.key_file) if host.key_file else None
+    pkey = _private_key(creds.key_file) if creds.key_file else None
     client.connect(
         address,
         port=port,
         username=user,
-        password=host.password,
+        password=creds.password,
         pkey=pkey,
-        key_filename=None if pkey is not None else host.key_file,
+        key_filename=None if pkey is not None else creds.key_file,
         allow_agent=True,
         look_for_keys=True,
         timeout=timeout_s,
@@ -248,6 +334,22 @@ def _do_connect(
         channel_timeout=timeout_s,
         sock=sock,
     )
+
+
+def _hop_credentials(hop: Jump) -> Credentials:
+    """The hop's inventory key/password, else the IdentityFile ~/.ssh/config names for it
+    (agent and ~/.ssh default keys are tried as for any host); never the target's secrets."""
+    if hop.key_file or hop.password:
+        return Credentials(hop.key_file, hop.password)
+    config_path = Path("~/.ssh/config").expanduser()
+    try:
+        config = paramiko.SSHConfig.from_path(str(config_path))
+    except (OSError, paramiko.SSHException):
+        return Credentials()
+    found: str | list[str] = config.lookup(hop.host).get("identityfile") or []
+    files = [found] if isinstance(found, str) else list(found)
+    existing = [os.path.expanduser(f) for f in files if os.path.exists(os.path.expanduser(f))]
+    return Credentials(existing[0] if existing else None)
 
 
 def _connect(
@@ -262,7 +364,18 @@ def _connect(
     hops = host.jumps
     for i, hop in enumerate(hops):
         budget = min(opts.connect_timeout_s, max(deadline - time.monotonic(), 0.1))
-        jc = _client(host, hop.host, hop.port, hop.user or user, opts, budget, sock)
+        hop_known = Path(hop.known_hosts_file).expanduser() if hop.known_hosts_file else None
+        jc = _client(
+            host,
+            hop.host,
+            hop.port,
+            hop.user or user,
+            opts,
+            budget,
+            sock,
+            _hop_credentials(hop),
+            None if opts.known_hosts else hop_known,
+        )
         jumps.append(jc)
         nxt = (
             (hops[i + 1].host, hops[i + 1].port) if i + 1 < len(hops) else (host.address, host.port)
@@ -331,10 +444,18 @@ def _wait_for(chan: paramiko.Channel, timeout_s: float) -> None:
         select.select([chan], [], [], timeout_s)
 
 
-def run_ssh(
-    host: InventoryHost, program: str, opts: SshOptions, deadline: float
-) -> tuple[int | None, bytes, bytes]:
-    """Run `program` on stdin of the host's Python; (exit status, stdout, stderr tail)."""
+@dataclass(frozen=True)
+class ProbeRun:
+    """One run of the probe program on a host: its exit status (None when the remote side
+    reported none), its stdout (the evidence document) and the tail of its stderr."""
+
+    exit_status: int | None
+    stdout: bytes
+    stderr_tail: bytes
+
+
+def run_ssh(host: InventoryHost, program: str, opts: SshOptions, deadline: float) -> ProbeRun:
+    """Run `program` on stdin of the host's Python over one verified SSH session."""
     if host.become and host.become_method != "sudo":
         raise PermissionError(f"become method {host.become_method!r} is not supported (sudo)")
     client, jumps = _connect(host, opts, deadline)
@@ -363,7 +484,7 @@ def run_ssh(
             if len(out) > MAX_OUTPUT:
                 raise ValueError(f"probe output exceeds {MAX_OUTPUT} bytes")
             if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                return chan.recv_exit_status(), bytes(out), err
+                return ProbeRun(chan.recv_exit_status(), bytes(out), err)
     finally:
         client.close()
         for jc in reversed(jumps):

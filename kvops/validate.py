@@ -8,6 +8,7 @@ as it was live.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -15,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from kvops import evidence as ev
-from kvops.checks import ALL_CHECKS, SEVERITY_ORDER, Context, Finding, Severity, Thresholds
+from kvops.checks import (
+    ALL_CHECKS,
+    CATALOG,
+    SEVERITY_ORDER,
+    Context,
+    Finding,
+    Severity,
+    Thresholds,
+)
 from kvops.checks.model import finding
 from kvops.errors import RC, KvopsError
 
@@ -56,10 +65,32 @@ def _with_host(item: Finding, host: str) -> Finding:
     )
 
 
+# The checks that prove GDS really carries the I/O (`--strict`): the GDS platform (gdscheck,
+# IOMMU, PCIe placement), the storage bench (gdsio + nvidia-fs counters) and compat mode.
+# Without --strict their WARN/SKIP pass a gate as "not disproven"; with it they fail it.
+STRICT_CONCERNS = frozenset({"gds_platform", "storage_bench"})
+STRICT_CHECK_IDS = frozenset({"GDS-032"})
+
+
+def proves_path(check_id: str) -> bool:
+    info = CATALOG.get(check_id)
+    return check_id in STRICT_CHECK_IDS or (info is not None and info.concern in STRICT_CONCERNS)
+
+
 @dataclass
 class FleetResult:
     findings: dict[str, list[Finding]] = field(default_factory=dict)
     unreachable: list[str] = field(default_factory=list)
+    strict: bool = False
+
+    def unproven(self) -> list[Finding]:
+        """WARN/SKIP findings of the path-proving checks (what `--strict` turns into exit 1)."""
+        return [
+            f
+            for items in self.findings.values()
+            for f in items
+            if f.severity in (Severity.WARN, Severity.SKIP) and proves_path(f.check_id)
+        ]
 
     def host_status(self, host: str) -> Severity:
         return worst(f.severity for f in self.findings.get(host, []))
@@ -76,6 +107,8 @@ class FleetResult:
         if self.unreachable:
             return RC.COULD_NOT_RUN
         failed = any(f.severity is Severity.FAIL for fs in self.findings.values() for f in fs)
+        if self.strict and self.unproven():
+            failed = True
         return RC.FAIL if failed else RC.OK
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,6 +121,8 @@ class FleetResult:
                 for host, items in self.findings.items()
             },
             "unreachable": list(self.unreachable),
+            "strict": self.strict,
+            "unproven": [f"{f.host} {f.check_id} {f.severity}" for f in self.unproven()],
             "summary": self.counts(),
             "exit_code": int(self.exit_code()),
         }
@@ -99,9 +134,11 @@ def worst(severities: Iterable[Severity]) -> Severity:
 
 
 def judge_fleet(
-    documents: Iterable[Mapping[str, Any]], thresholds: Thresholds | None = None
+    documents: Iterable[Mapping[str, Any]],
+    thresholds: Thresholds | None = None,
+    strict: bool = False,
 ) -> FleetResult:
-    result = FleetResult()
+    result = FleetResult(strict=strict)
     for document in documents:
         host = str(document.get("host") or "?")
         result.findings[host] = judge(document, thresholds)
@@ -115,12 +152,32 @@ def _file_name(host: str) -> str:
 
 
 def save_evidence(directory: Path, documents: Iterable[Mapping[str, Any]]) -> list[Path]:
-    """One JSON file per host (`<host>.json`), so a bundle diffs and greps per host."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """One JSON file per host (`<host>.json`), so a bundle diffs and greps per host.
+
+    The documents hold the service's environment, unit, argv and configs (secrets redacted on
+    the host, but still an inventory of the site), so a new directory is 0700 and every file
+    0600, written without following a link planted at its name."""
+    if not directory.exists():
+        directory.mkdir(parents=True, mode=0o700)
+        directory.chmod(0o700)  # mkdir's mode is masked by the umask
     paths = []
+    names: dict[str, str] = {}
     for document in documents:
-        path = directory / _file_name(str(document.get("host") or "unknown"))
-        path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        host = str(document.get("host") or "unknown")
+        name = _file_name(host)
+        if name in names:
+            raise EvidenceError(f"{directory / name}: hosts {names[name]!r} and {host!r} map to it")
+        names[name] = host
+        path = directory / name
+        data = (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            raise EvidenceError(f"{path}: cannot write ({exc.strerror or exc})") from exc
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o600)  # an existing file keeps its mode otherwise
+            fh.write(data)
         paths.append(path)
     return paths
 
@@ -134,6 +191,7 @@ def load_evidence(directory: Path) -> list[dict[str, Any]]:
     if not directory.is_dir():
         raise EvidenceError(f"{directory}: not a directory")
     documents = []
+    seen: dict[str, Path] = {}
     for path in sorted(directory.glob("*.json")):
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
@@ -143,6 +201,13 @@ def load_evidence(directory: Path) -> list[dict[str, Any]]:
             raise EvidenceError(f"{path}: line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
         if not isinstance(document, dict) or "host" not in document:
             raise EvidenceError(f"{path}: not an evidence document (no 'host')")
+        host = str(document["host"])
+        if host in seen:
+            raise EvidenceError(
+                f"{path}: host {host!r} already read from {seen[host].name}; "
+                "one evidence document per host (which one is true?)"
+            )
+        seen[host] = path
         documents.append(document)
     if not documents:
         raise EvidenceError(f"{directory}: no *.json evidence files")

@@ -2,7 +2,7 @@
 # The Debian packages the test suite needs beyond Python: one list, used by `make test`
 # (through `make system-deps`) and by .ci/run. Installs only what is missing, and only as root
 # on an apt system; otherwise prints what is missing and the exact command, and exits 0 so the
-# tiers that need them skip with that reason (the lab tier fails instead when CI=true).
+# tiers that need them skip with that reason (in CI they fail instead: tests/ci_rule.py).
 set -euo pipefail
 
 PACKAGES=(make git openssh-server openssh-client sudo iproute2 mmdebstrap zstd dpkg-dev)

@@ -1,10 +1,19 @@
-"""Test tiers: the folder a test lives in gives its marker (unit, integration, lab, engine)."""
+"""Test tiers and the CI rule.
+
+The folder a test lives in gives its marker (unit, integration, lab, engine). In CI
+(`tests/ci_rule.py`: CI=1/true/yes) no test may skip: a skip, from a marker or from inside the
+test, is reported as a failure naming the skip's reason, so a green CI run ran everything.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
+from ci_rule import in_ci
+
+pytest_plugins = ["pytester"]  # tests/unit/test_ci_rule.py runs this conftest in-process
 
 TIERS = ("unit", "integration", "lab", "engine")
 TESTS_ROOT = Path(__file__).parent
@@ -18,3 +27,35 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         return
     if tier in TIERS and not any(item.get_closest_marker(t) for t in TIERS):
         item.add_marker(getattr(pytest.mark, tier))
+
+
+def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    """The reason pytest recorded for a skip (its longrepr is (path, line, "Skipped: why"))."""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """In CI a skipped test (not an expected failure) fails with the reason it gave."""
+    report = yield
+    if report.skipped and in_ci() and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where every test must run: {skip_reason(report)}"
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """In CI a module that skips itself while being collected fails the same way."""
+    report = yield
+    if report.skipped and in_ci():
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where every test must run: {skip_reason(report)}"
+    return report

@@ -15,7 +15,7 @@ Why this shape:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -28,14 +28,22 @@ from kvops.abtest.arms import (
     fetch_arm_info,
     reset_prefix_cache,
 )
+from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.rundir import RunDir
 from kvops.errors import KvopsError
+from kvops.loadgen.calibrate import learn_alphabet
 from kvops.loadgen.client import Endpoint, make_session
 from kvops.loadgen.record import JsonlWriter, RequestRecord
-from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner
+from kvops.loadgen.runner import (
+    ClientStats,
+    Labels,
+    LoopLagMonitor,
+    Runner,
+    WireRequest,
+    wire_requests,
+)
 from kvops.loadgen.workers import WorkerPool
-from kvops.workload.calibrate import learn_alphabet
-from kvops.workload.generate import Alphabet, PlannedRequest, make_prefixes, plan_iteration
+from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
 from kvops.workload.schedule import arrival_offsets_s, batch_groups
 from kvops.workload.spec import WorkloadSpec
 
@@ -46,7 +54,7 @@ class ExperimentError(KvopsError, RuntimeError):
 
 @dataclass
 class Options:
-    trials: int = 2
+    trials: int = 4
     warmup_iterations: int = 1
     reset_cache: bool = True
     timeout_s: float = 600.0
@@ -56,6 +64,7 @@ class Options:
     api: str = "completions"
     grace_s: float = 5.0
     workers: int = 1
+    seed: int = 0  # the run seed: prompts and send order (fresh per run; see generate.py)
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -73,6 +82,22 @@ def segment_plan(
     return plan
 
 
+def trial_warnings(trials: int) -> list[str]:
+    """What the trial count cannot support: a verdict needs two paired trials, and ABBA cancels
+    a linear drift of the host only over an even number of them."""
+    if trials == 1:
+        return [
+            "--trials 1: one trial per arm gives figures but no verdict (not enough trials); "
+            "use an even number, 2 or more"
+        ]
+    if trials % 2:
+        return [
+            f"--trials {trials} is odd: ABBA order cancels a linear drift of the host only over "
+            "an even number of trials, so drift falls unevenly on the arms"
+        ]
+    return []
+
+
 @dataclass
 class Hooks:
     """How the run talks to whoever is watching (the CLI's progress bar and stderr)."""
@@ -81,6 +106,9 @@ class Hooks:
     on_record: Callable[[RequestRecord], None] = lambda rec: None
     on_segment: Callable[[str], None] = lambda text: None
     warn: Callable[[str], None] = lambda text: None
+    # Puts an arm in place before its info is read and before each of its segments
+    # (`--deploy`: kvops.abtest.deploy.ArmDeployer); None when the arms are already running.
+    prepare_arm: Callable[[Arm], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -95,6 +123,7 @@ class Experiment:
     warnings: list[str] = field(default_factory=list)
     interrupted: bool = False
     stats: ClientStats = field(default_factory=ClientStats)
+    warm_arms: set[str] = field(default_factory=set)
 
     def _warn(self, text: str) -> None:
         if text not in self.warnings:
@@ -105,10 +134,13 @@ class Experiment:
         """Run every unfinished segment. Raises ArmUnreachable / ExperimentError before the
         first request when arms or workloads are unusable."""
         attempt = self.run_dir.add_attempt()
+        opts = self.options
         async with make_session() as session:
-            self.infos = [await fetch_arm_info(session, arm) for arm in self.arms]
+            self.infos = [await self._arm_info(session, arm) for arm in self.arms]
             self.run_dir.record_arms(attempt, [i.to_dict() for i in self.infos])
             for w in arm_differences(self.infos):
+                self._warn(w)
+            for w in trial_warnings(self.options.trials):
                 self._warn(w)
             self._check_fit()
             alphabet = await self._alphabet(session)
@@ -119,7 +151,7 @@ class Experiment:
                 if (spec.name, trial, arm.name) not in done
             ]
             self.hooks.on_start(sum(s.total_requests for s, _, _ in todo))
-            prefixes = {s.name: make_prefixes(s, alphabet) for s in self.scenarios}
+            prefixes = {s.name: make_prefixes(s, alphabet, opts.seed) for s in self.scenarios}
             with self.run_dir.record_writer() as records, self.run_dir.segment_writer() as segs:
                 for spec, trial, arm in todo:
                     if self.stop.is_set():
@@ -138,6 +170,20 @@ class Experiment:
                     )
             if self.stop.is_set():
                 self.interrupted = True
+
+    async def _arm_info(self, session: aiohttp.ClientSession, arm: Arm) -> ArmInfo:
+        if self.hooks.prepare_arm is not None:
+            await self.hooks.prepare_arm(arm)
+        return await fetch_arm_info(session, arm)
+
+    def _check_warm_tier(self, spec: WorkloadSpec, arm: Arm, seen: list[RequestRecord]) -> None:
+        """Say it the moment it shows (after the warm-up iteration, before measuring); the
+        results document repeats it from the records."""
+        if arm.name in self.warm_arms:
+            return
+        for text in warm_tier_warnings(seen, spec.prefix_tokens, spec.name):
+            self.warm_arms.add(arm.name)
+            self.hooks.warn(text)
 
     def _info(self, arm: Arm) -> ArmInfo:
         return next(i for i in self.infos if i.name == arm.name)
@@ -183,6 +229,8 @@ class Experiment:
         info = self._info(arm)
         opts = self.options
         self.hooks.on_segment(f"{spec.name}: trial {trial + 1}/{opts.trials}, arm {arm.name}")
+        if self.hooks.prepare_arm is not None:
+            await self.hooks.prepare_arm(arm)
         if opts.reset_cache and not await reset_prefix_cache(session, info):
             self._warn(
                 f"arm {arm.name}: no usable /reset_prefix_cache (vLLM needs "
@@ -191,8 +239,11 @@ class Experiment:
         stats = ClientStats()
         lag_before = await emission_lag(session, info)
 
+        seen: list[RequestRecord] = []
+
         def on_record(rec: RequestRecord) -> None:
             records.write_record(rec)
+            seen.append(rec)
             self.hooks.on_record(rec)
 
         runner = Runner(
@@ -206,12 +257,14 @@ class Experiment:
             # every request is built and encoded before the first is sent (as vLLM's bench
             # does): preparing iteration 2 must not count as serving time or client lag
             plans = [
-                plan_iteration(spec, alphabet, prefixes, trial=trial, iteration=i)
+                wire_requests(
+                    plan_iteration(
+                        spec, alphabet, prefixes, trial=trial, iteration=i, run_seed=opts.seed
+                    ),
+                    runner.endpoint,
+                )
                 for i in range(spec.iterations)
             ]
-            for plan in plans:
-                for p in plan:
-                    p.request.body(runner.endpoint)
             monitor.start()
             pool = (
                 WorkerPool(opts.workers, runner.endpoint, timeout_s=opts.timeout_s,
@@ -225,6 +278,7 @@ class Experiment:
                     warm = iteration < opts.warmup_iterations
                     labels = Labels(arm.name, spec.name, trial, attempt, warm)
                     await self._iteration(spec, trial, iteration, planned, labels, runner, pool)
+                    self._check_warm_tier(spec, arm, seen)
                     if self.stop.is_set():
                         return
             finally:
@@ -253,7 +307,7 @@ class Experiment:
         spec: WorkloadSpec,
         trial: int,
         iteration: int,
-        planned: list[PlannedRequest],
+        planned: list[WireRequest],
         labels: Labels,
         runner: Runner,
         pool: WorkerPool | None,
@@ -262,7 +316,7 @@ class Experiment:
         mode: the whole iteration on its arrival schedule under the concurrency cap."""
         if spec.rate is None:
             groups = [[planned[i] for i in g] for g in batch_groups(len(planned), spec.batch_size)]
-            schedule: list[tuple[list[PlannedRequest], list[float] | None]] = [
+            schedule: list[tuple[list[WireRequest], list[float] | None]] = [
                 (g, None) for g in groups
             ]
         else:

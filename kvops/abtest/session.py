@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import secrets
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvops.abtest.arms import Arm
+from kvops.abtest.deploy import ArmDeployer, DeploySettings, deploy_record
 from kvops.abtest.embedded import EmbeddedEngines, SimProfile
 from kvops.abtest.experiment import Experiment, Hooks, Options
 from kvops.abtest.results import ResultSet, build_results
@@ -33,10 +36,11 @@ class AbTestRequest:
     options: Options = field(default_factory=Options)
     scale: float = 1.0
     sim: SimProfile = field(default_factory=SimProfile)
-    seed: int = 0
+    seed: int | None = None  # None: a fresh run seed (recorded in run.json)
     slo: dict[str, float] = field(default_factory=dict)
     overwrite: bool = False
     resume: bool = False
+    deploy: DeploySettings | None = None  # --deploy: each arm's variant put on the host first
 
 
 @dataclass
@@ -60,8 +64,15 @@ def prepare(req: AbTestRequest) -> RunDir:
         req.options = Options(**run["options"])
         req.scale = float(run.get("scale", 1.0))
         req.sim = SimProfile(**run["sim"]) if run.get("sim") else req.sim
-        req.seed, req.slo = int(run.get("seed", 0)), dict(run.get("slo") or {})
+        req.seed, req.slo = int(run.get("seed") or 0), dict(run.get("slo") or {})
+        if run.get("deploy"):
+            req.deploy = DeploySettings(
+                project_root=Path(run["deploy"].pop("project_root")), **run["deploy"]
+            )
         return run_dir
+    if req.seed is None:
+        req.seed = secrets.randbits(32)
+    req.options = dataclasses.replace(req.options, seed=req.seed)
     run = {
         "arms": [{"name": a.name, "url": a.url, "model": a.model} for a in req.arms]
         or [{"name": "baseline", "url": "embedded"}, {"name": "offload", "url": "embedded"}],
@@ -72,6 +83,7 @@ def prepare(req: AbTestRequest) -> RunDir:
         "sim": req.sim.__dict__ if not req.arms else None,
         "seed": req.seed,
         "slo": req.slo,
+        "deploy": deploy_record(req.deploy) if req.deploy else None,
     }
     run_dir.create(run, req.scenarios, req.overwrite)
     return run_dir
@@ -93,6 +105,8 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
     """Run (or resume) and report. Raises ArmUnreachable / ExperimentError / RunDirError /
     EngineStartError before measuring anything; never loses records once measuring began."""
     run_dir = prepare(req)
+    if req.deploy is not None:
+        hooks.prepare_arm = ArmDeployer(req.deploy, run_dir.path, hooks.on_segment)
     warnings: list[str] = []
     interrupted = False
     try:
@@ -106,7 +120,7 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
     except KeyboardInterrupt:
         interrupted = True
     status = "interrupted" if interrupted else "complete"
-    results = build_results(run_dir, seed=req.seed, slo=req.slo, status=status, warnings=warnings)
+    results = build_results(run_dir, slo=req.slo, status=status, warnings=warnings)
     write_reports(run_dir.path, results.doc, results.measured)
     return Outcome(results, interrupted, warnings)
 

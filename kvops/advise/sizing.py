@@ -23,6 +23,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvops.errors import KvopsError
 from kvops.sim.costs import CostModel, transfer_time_s
 from kvops.sim.engine import EngineSettings
 from kvops.sim.lmcache_config import LMCacheSettings
@@ -81,7 +82,7 @@ class Sizing:
         }
 
 
-class SizingError(ValueError):
+class SizingError(KvopsError, ValueError):
     """Inputs the arithmetic cannot answer (e.g. a model whose weights do not fit the GPU)."""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvops import evidence as ev
+from kvops.errors import KvopsError
 from kvops.parse.gdsio import GdsioResult, parse_gdsio
 from kvops.sim.profiles import StorageProfile
 
@@ -28,7 +29,7 @@ LARGE_IO_KIB = 1024  # chunk-file-like transfers
 SMALL_IO_KIB = 64  # transfer time negligible next to the fixed latency
 
 
-class StorageEvidenceError(ValueError):
+class StorageEvidenceError(KvopsError, ValueError):
     """The bundle has no usable GPU-direct gdsio figure; the message says how to get one."""
 
 

@@ -164,6 +164,14 @@ _ROWS = [
         "in fs.nfs.rdma_dev_addr_list (or fs.nfs.mount_table.<mount>.rdma_dev_addr_list).",
     ),
     (
+        "GDS-044",
+        "gds_platform",
+        "PCIe ACS does not redirect peer-to-peer traffic",
+        "Disable ACS redirect on the ports between GPU and NIC: kernel parameter "
+        "`pci=disable_acs_redir=<bdf>;...` (or `setpci` at boot); NVIDIA GDS "
+        "Troubleshooting Guide, PCIe ACS.",
+    ),
+    (
         "GDS-050",
         "storage_bench",
         "gdsio GPU-direct throughput vs RDMA link rate",
@@ -214,6 +222,14 @@ _ROWS = [
         "positive chunk_size and a bool extra_config.use_direct_io.",
     ),
     (
+        "GDS-066",
+        "lmcache",
+        "Service log free of LMCache fallback and ignored-setting warnings",
+        "Fix what the quoted log lines name: rebuild or reinstall LMCache against the installed "
+        "torch (`python -c 'import torch, lmcache.cuda_ops'` must work), rename or remove "
+        "ignored keys, and restart the service.",
+    ),
+    (
         "GDS-070",
         "vllm",
         "vLLM healthy",
@@ -256,9 +272,134 @@ _ROWS = [
         "Free space above threshold",
         "Free space on the export (LMCache's GDS backend never evicts) or grow the volume.",
     ),
+    # GDS-2xx: `kvops smoke`, judged on a running engine (kvops/smoke.py), not on a probe.
+    (
+        "GDS-200",
+        "smoke",
+        "Engine has a KV offload tier",
+        "Start the engine with --kv-transfer-config naming a KV connector (LMCacheConnectorV1) "
+        "and its LMCache config (role vllm_lmcache); check its log for connector errors.",
+    ),
+    (
+        "GDS-201",
+        "smoke",
+        "Prompt left GPU memory before the re-send",
+        "Start vLLM with VLLM_SERVER_DEV_MODE=1 so POST /reset_prefix_cache is served, or use "
+        "--evict fillers on an engine whose /metrics report its KV capacity.",
+    ),
+    (
+        "GDS-202",
+        "smoke",
+        "LMCache stored the prompt",
+        "Read LMCache's log for store errors; check gds_path is on the mount and writable by "
+        "the service user (kvops validate GDS-060, GDS-080).",
+    ),
+    (
+        "GDS-203",
+        "smoke",
+        "vLLM got prefix-cache hits from the connector",
+        "Nothing came back from the offload tier: read the connector's log for retrieve errors "
+        "and check the stored chunks are still in the storage directory.",
+    ),
+    (
+        "GDS-204",
+        "smoke",
+        "LMCache retrieved the prompt",
+        "Read LMCache's log for retrieve errors; chunk keys must be stable across processes "
+        "(kvops validate GDS-062).",
+    ),
+    (
+        "GDS-205",
+        "smoke",
+        "Re-send TTFT clearly lower than cold",
+        "Retrieval is no faster than recompute here: measure the storage path (kvops validate "
+        "--storage-bench) and check GDS is not in compat mode (GDS-032, GDS-040).",
+    ),
+    (
+        "GDS-206",
+        "smoke",
+        "New chunk files in the storage directory",
+        "Point --gds-dir at the engine's gds_path as seen from here; check the mount and the "
+        "service user's write access (kvops validate GDS-060, GDS-080).",
+    ),
+]
+
+_ROWS += [  # The ONTAP side (`kvops validate --ontap`, kvops/checks/ontap.py).
+    (
+        "ONT-000",
+        "ontap",
+        "ONTAP cluster read over REST",
+        "Check the management address, credentials and the REST role (README: ONTAP).",
+    ),
+    (
+        "ONT-001",
+        "ontap",
+        "ONTAP release serves the mounted NFS version over RDMA",
+        "Upgrade ONTAP (NFSv4.0 over RDMA 9.10.1+, v4.1 9.14.1+, v3 9.15.1+) or mount a "
+        "version the release serves (nfs_rdma_mount_nfs_version).",
+    ),
+    (
+        "ONT-002",
+        "ontap",
+        "SVM NFS service enabled with RDMA",
+        "Enable NFS and RDMA on the SVM: role ontap_export (ontap_export_rdma: true), or "
+        "`vserver nfs modify -vserver <svm> -rdma enabled`.",
+    ),
+    (
+        "ONT-003",
+        "ontap",
+        "Mounted NFS versions enabled on the SVM",
+        "Enable the version on the SVM (ontap_export_nfs_versions) or mount an enabled one.",
+    ),
+    (
+        "ONT-005",
+        "ontap",
+        "KV-cache volume present and online",
+        "Create the volume (role ontap_export) or set ontap_export_volume_name to its name.",
+    ),
+    (
+        "ONT-010",
+        "ontap",
+        "Data LIF with RoCE on the volume's node",
+        "Add `roce` to the data LIFs' rdma_protocols (ontap_export_rdma_lifs), one on each node "
+        "that owns the volume, on RoCE-capable ports.",
+    ),
+    (
+        "ONT-011",
+        "ontap",
+        "Host mounts a RoCE LIF on the volume's node",
+        "Mount the address of a RoCE LIF on the node that owns the volume "
+        "(nfs_rdma_mount_export_address).",
+    ),
+    (
+        "ONT-020",
+        "ontap",
+        "Export policy admits the host read-write with sys",
+        "Add the host's storage address to ontap_export_clients (rule rw_rule/ro_rule/superuser "
+        "sys, protocols nfs) and rerun playbooks/ontap.yml.",
+    ),
+    (
+        "ONT-030",
+        "ontap",
+        "Mount source equals the volume's junction path",
+        "Mount <LIF>:<junction path> (nfs_rdma_mount_export_path = ontap_export_junction_path).",
+    ),
+    (
+        "ONT-031",
+        "ontap",
+        "KV-cache volume free space above threshold",
+        "Grow the volume (ontap_export_size_gib) or clear old KV chunks: LMCache's GDS backend "
+        "never evicts.",
+    ),
 ]
 
 CATALOG: dict[str, CheckInfo] = {row[0]: CheckInfo(*row) for row in _ROWS}
+
+
+def validate_check_ids() -> set[str]:
+    """The ids `kvops validate` judges on each GPU host: every concern but `smoke` (judged by
+    `kvops smoke`) and `ontap` (judged per cluster and host by `kvops validate --ontap`)."""
+    return {key for key, info in CATALOG.items() if info.concern not in ("smoke", "ontap")}
 
 
 def catalog_rows() -> list[CheckInfo]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import sys
 import time
@@ -14,14 +16,22 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvops.abtest.arms import Arm, parse_arm
+from kvops.abtest.deploy import DeploySettings, deploy_arms
 from kvops.abtest.embedded import SimProfile
 from kvops.abtest.experiment import Hooks, Options
 from kvops.abtest.session import AbTestRequest, run_ab_test
 from kvops.errors import RC
+from kvops.lab.config import find_project_root
 from kvops.loadgen.record import RequestRecord
 from kvops.metrics import parse_slo
 from kvops.report.abtest_table import render_table
-from kvops.workload.spec import PRESET_NAMES, WorkloadSpec, load_preset, load_spec_file
+from kvops.workload.spec import (
+    PRESET_NAMES,
+    REQUEST_ORDERS,
+    WorkloadSpec,
+    load_preset,
+    load_spec_file,
+)
 
 EXAMPLES = """
 \b
@@ -31,6 +41,8 @@ Examples:
   kvops ab-test --arm baseline=http://gpu1:8000 --arm offload=http://gpu2:8000 \\
       --scenario multi-shared-prefix --trials 4 --out runs/ab-gpu1
   kvops ab-test --arm baseline=URL --arm offload=URL --workload my-traffic.yaml --json
+  kvops ab-test --deploy -i inventories/prod --limit gpu1 --scenario multi-shared-prefix
+                                                  # switch gpu1 baseline/offload per segment
   kvops ab-test --resume runs/ab-gpu1             # continue an interrupted run
 \b
 Exit codes: 0 all requests succeeded; 1 some requests failed (counted per arm, records kept);
@@ -81,9 +93,10 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
 @click.option(
     "--trials",
     type=click.IntRange(1),
-    default=2,
+    default=4,
     show_default=True,
-    help="Trials per arm, in ABBA order.",
+    help="Trials per arm, in ABBA order. Each trial is one paired observation: a verdict needs "
+    "2 or more, and the interval narrows with more (an even number cancels linear drift).",
 )
 @click.option(
     "--warmup-iterations",
@@ -144,7 +157,22 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     metavar="ttft_ms=N,tpot_ms=N",
     help="Goodput SLOs (ms; ttft_ms, tpot_ms, e2el_ms).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option(
+    "--seed",
+    type=click.IntRange(0),
+    default=None,
+    help="Run seed for prompts (suffixes, unique prompts, prefixes) and request order. Default: "
+    "fresh per run, recorded in run.json, so a persistent KV tier never holds this run's "
+    "prompts from an earlier one; pass a recorded seed to repeat a run exactly.",
+)
+@click.option(
+    "--request-order",
+    type=click.Choice(REQUEST_ORDERS),
+    default=None,
+    help="Send order within an iteration: shuffled (seeded, as vllm bench serve) or cyclic "
+    "(prefix 0, 1, ..., N-1, 0, ...: LRU's worst case). Default: the workload's "
+    "(presets: shuffled).",
+)
 @click.option(
     "--out",
     type=click.Path(path_type=Path, file_okay=False),
@@ -157,6 +185,30 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     type=click.Path(path_type=Path, file_okay=False, exists=True),
     default=None,
     help="Continue the interrupted run in this directory.",
+)
+@click.option(
+    "--deploy",
+    is_flag=True,
+    help="Before each segment, put the arm's variant on the --limit host with "
+    "playbooks/deploy.yml (GDS directory cleared); arms are named after variants.",
+)
+@click.option(
+    "-i", "--inventory", "inventories", multiple=True, help="Ansible inventory for --deploy."
+)
+@click.option("--limit", default=None, help="The one inventory host --deploy switches.")
+@click.option(
+    "--deploy-variants",
+    default="baseline,offload",
+    show_default=True,
+    help="Arms of --deploy, in order (the first is the baseline): baseline, offload, "
+    "offload_cpu_gds.",
+)
+@click.option(
+    "--deploy-var",
+    "deploy_vars",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Extra variable for deploy.yml (VALUE parsed as JSON when it is JSON).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print results.json to stdout.")
 @click.option("--sim-gpu", default="h100-sxm-80gb", show_default=True)
@@ -174,8 +226,9 @@ def ab_test(**kw: Any) -> RC:
     """Compare serving with and without KV-cache offload on the same workload.
 
     Runs the workload against each arm over several trials (ABBA order), one arm at a time,
-    and reports each arm's vLLM-bench-serve metrics, each delta with a bootstrap 95% CI and
-    a verdict: offload helps / hurts / no significant difference. Every request is recorded
+    and reports each arm's vLLM-bench-serve metrics, each delta with a 95% interval from the
+    paired trials and a verdict: offload helps / hurts / no significant difference (not enough
+    trials below 2; invalid when an arm's requests failed). Every request is recorded
     as it completes in the run directory, with the spec, arm URLs and /version answers.
     """
     err = Console(stderr=True)
@@ -183,7 +236,7 @@ def ab_test(**kw: Any) -> RC:
     args = CliArgs(**kw)
     try:
         req = _request(args)
-    except ValueError as exc:  # a bad --arm, --slo or workload spec (SpecError)
+    except ValueError as exc:  # a bad --arm, --slo or workload spec (WorkloadSpecError)
         raise click.UsageError(str(exc)) from None
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -258,7 +311,8 @@ class CliArgs:
     stall_timeout_s: float
     workers: int | None
     slo: str | None
-    seed: int
+    seed: int | None
+    request_order: str | None
     out: Path | None
     overwrite: bool
     resume: Path | None
@@ -267,12 +321,22 @@ class CliArgs:
     sim_model: str
     sim_storage: str
     sim_time_scale: float | None
+    deploy: bool = False
+    inventories: tuple[str, ...] = ()
+    limit: str | None = None
+    deploy_variants: str = "baseline,offload"
+    deploy_vars: tuple[str, ...] = ()
 
 
 def _request(a: CliArgs) -> AbTestRequest:
     if a.resume is not None:
         return AbTestRequest(out=a.resume, resume=True)
+    deploy = _deploy_settings(a)
     arms = [parse_arm(text) for text in a.arms]
+    if deploy is not None:
+        if arms:
+            raise ValueError("--deploy names its arms by --deploy-variants, not --arm")
+        arms = deploy_arms(deploy, a.deploy_variants.split(","), a.model)
     if len(arms) == 1:
         raise ValueError("give two or more --arm (the first is the baseline), or none")
     if len({arm.name for arm in arms}) != len(arms):
@@ -280,6 +344,8 @@ def _request(a: CliArgs) -> AbTestRequest:
     if a.model:
         arms = [Arm(arm.name, arm.url, a.model) for arm in arms]
     scenarios = _scenarios(a.scenario, a.workload, a.scale)
+    if a.request_order is not None:
+        scenarios = [dataclasses.replace(s, request_order=a.request_order) for s in scenarios]
     options = Options(
         trials=a.trials,
         warmup_iterations=a.warmup_iterations,
@@ -310,4 +376,27 @@ def _request(a: CliArgs) -> AbTestRequest:
         seed=a.seed,
         slo=parse_slo(a.slo),
         overwrite=a.overwrite,
+        deploy=deploy,
     )
+
+
+def _deploy_settings(a: CliArgs) -> DeploySettings | None:
+    if not a.deploy:
+        if a.inventories or a.limit or a.deploy_vars:
+            raise ValueError("-i/--limit/--deploy-var belong to --deploy")
+        return None
+    if not a.inventories or not a.limit:
+        raise ValueError("--deploy needs the inventory (-i INV) and the host (--limit HOST)")
+    root = find_project_root()
+    if root is None or not (root / "playbooks" / "deploy.yml").is_file():
+        raise ValueError("--deploy runs playbooks/deploy.yml: run it from the kvops checkout")
+    extra: dict[str, Any] = {}
+    for item in a.deploy_vars:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--deploy-var {item!r}: expected KEY=VALUE")
+        try:
+            extra[key] = json.loads(value)
+        except ValueError:
+            extra[key] = value
+    return DeploySettings(root, list(a.inventories), a.limit, extra)

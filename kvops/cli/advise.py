@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from kvops.advise.render_sizing import sizing_lines
-from kvops.advise.sizing import SizingError, SizingInputs, compute_sizing
+from kvops.advise.sizing import SizingInputs, compute_sizing
+from kvops.cli.group import KvopsGroup
+from kvops.errors import KvopsError
 from kvops.sim.profiles import (
     GpuProfile,
     ModelProfile,
@@ -33,12 +35,6 @@ if TYPE_CHECKING:
     from kvops.advise.analysis import Stage
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class CannotRun(click.ClickException):
-    """Exit 2: the inputs cannot be analysed (bad trace, unusable evidence, impossible setup)."""
-
-    exit_code = 2
 
 
 def profile_options(func: F) -> F:
@@ -103,18 +99,15 @@ def load_profiles(
             raise click.BadParameter(str(exc), param_hint=hint) from exc
     notes: list[str] = []
     if evidence_dir is not None:
-        from kvops.advise.storage_evidence import StorageEvidenceError, storage_from_evidence
+        from kvops.advise.storage_evidence import storage_from_evidence
 
-        try:
-            measured = storage_from_evidence(evidence_dir)
-        except StorageEvidenceError as exc:
-            raise CannotRun(str(exc)) from exc
+        measured = storage_from_evidence(evidence_dir)  # StorageEvidenceError: exit 2
         loaded[2] = measured.profile
         notes = measured.notes
     return loaded[0], loaded[1], loaded[2], notes
 
 
-class _AdviseGroup(click.Group):
+class _AdviseGroup(KvopsGroup):
     """`kvops advise TRACE ...` is `kvops advise trace TRACE ...`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -180,10 +173,7 @@ def sizing(
         gpu_memory_utilization=gpu_memory_utilization,
         chunk_size=chunk_size,
     )
-    try:
-        result = compute_sizing(model_p, gpu_p, storage_p, inputs)
-    except SizingError as exc:
-        raise CannotRun(str(exc)) from exc
+    result = compute_sizing(model_p, gpu_p, storage_p, inputs)  # SizingError: exit 2
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "notes": notes}, indent=2))
         return
@@ -289,7 +279,7 @@ def trace_command(
     from kvops.advise.arms import Profiles
     from kvops.advise.recommend import advise as make_advice
     from kvops.advise.render import markdown, report_dict, terminal_lines
-    from kvops.advise.trace import ReadOptions, TraceError, load_workload
+    from kvops.advise.trace import ReadOptions, load_workload
     from kvops.advise.workload import PromptBuilder
     from kvops.sim.model import EngineError
 
@@ -297,10 +287,7 @@ def trace_command(
         raise click.UsageError("choose one of --json and --markdown")
     model_p, gpu_p, storage_p, storage_notes = load_profiles(model, gpu, storage, evidence_dir)
     read = ReadOptions(strict, hash_block_tokens, output_tokens)
-    try:
-        workload = load_workload(trace, read, model_p.vocab_size, model_p.hf_name)
-    except TraceError as exc:
-        raise CannotRun(str(exc)) from exc
+    workload = load_workload(trace, read, model_p.vocab_size, model_p.hf_name)  # TraceError
     workload.notes.extend(storage_notes)
     for line in workload.skipped_lines[:20]:
         click.echo(f"warning: skipped {line}", err=True)
@@ -315,19 +302,15 @@ def trace_command(
     )
     builder = PromptBuilder(model_p.vocab_size, workload.hash_block_tokens)
     progress, stage = _progress_stage(sys.stderr.isatty())
+    profiles = Profiles(model_p, gpu_p, storage_p)
     try:
         if progress is not None:
             with progress:
-                analysis = analyse(
-                    workload, Profiles(model_p, gpu_p, storage_p), options, builder, stage
-                )
+                analysis = analyse(workload, profiles, options, builder, stage)
         else:
-            analysis = analyse(workload, Profiles(model_p, gpu_p, storage_p), options, builder)
-    except (EngineError, ValueError) as exc:
-        raise CannotRun(f"cannot simulate this setup: {exc}") from exc
-    except KeyboardInterrupt:
-        click.echo("interrupted: nothing was written", err=True)
-        raise SystemExit(130) from None
+            analysis = analyse(workload, profiles, options, builder)
+    except EngineError as exc:  # also a KvopsError: say which part could not run
+        raise KvopsError(f"cannot simulate this setup: {exc}") from exc
     result = make_advice(analysis)
     if as_json:
         click.echo(json.dumps(report_dict(analysis, result), indent=2, default=str))

@@ -1,32 +1,63 @@
 """`kvops smoke`: prove that a running engine's KV offload really stores and retrieves.
 
-Thin by design: options → `kvops.smoke_run` (I/O) → `kvops.smoke` (judge) → table or JSON →
+Thin by design: options → `kvops.smoke_run` (I/O) → `kvops.smoke` (judge: findings with catalog
+ids) → validate's renderers (`kvops.report.findings`: table, JSON, JUnit) →
 exit code (`kvops.errors.RC`: 0 pass, 1 fail, 2 could not run, 130 interrupted).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from kvops.errors import RC
-from kvops.smoke import DEFAULT_MIN_TTFT_DROP, SmokeItem, exit_code, judge, overall
+from kvops.report.findings import STYLE, host_table, write_junit
+from kvops.smoke import (
+    DEFAULT_MIN_TTFT_DROP,
+    as_fleet,
+    exit_code,
+    judge,
+    overall,
+    report_dict,
+)
 from kvops.smoke_run import SmokeError, SmokeOptions, run_smoke
-
-STYLE = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}
 
 
 @click.command("smoke")
-@click.option("--url", required=True, help="Base URL of the engine, e.g. http://gpu1:8000.")
+@click.option(
+    "--url", help="Base URL of the engine, e.g. http://gpu1:8000 (with --host: from inventory)."
+)
 @click.option(
     "--gds-dir",
     type=click.Path(file_okay=False, path_type=Path),
     help="Where the engine writes offloaded chunks (LMCache gds_path, or the connector's "
-    "directory), as seen from here: new chunk files there are evidence.",
+    "directory), as seen from here; with --host, the path on that host (default: its "
+    "vllm_lmcache_gds_dir or kvops_gds_dir). New chunk files there are evidence.",
+)
+@click.option(
+    "--host",
+    "host_name",
+    help="Inventory host running the engine: its URL comes from the inventory and its chunk "
+    "files are read over SSH (verified host keys, become as the inventory says).",
+)
+@click.option(
+    "-i",
+    "--inventory",
+    "inventories",
+    multiple=True,
+    help="Ansible inventory for --host (path or comma list; repeatable).",
+)
+@click.option(
+    "--known-hosts",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="known_hosts for --host [default: the inventory's UserKnownHostsFile, else "
+    "~/.ssh/known_hosts].",
 )
 @click.option("--model", help="Model to use (default: the first one /v1/models lists).")
 @click.option(
@@ -68,10 +99,26 @@ STYLE = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}
     help="Fraction by which the re-send's TTFT must fall (0.2 = 20 % lower).",
 )
 @click.option("--seed", type=int, help="Seed of the test prompt (default: fresh each run).")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of a table.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print a JSON document instead of a table: validate's shape (hosts, findings with "
+    "GDS-2xx ids, summary, exit_code), plus items by name and the raw evidence.",
+)
+@click.option(
+    "--junit",
+    "junit_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write JUnit XML: one testcase per check (as kvops validate --junit).",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Show evidence excerpts in the table.")
 def smoke(
-    url: str,
+    url: str | None,
     gds_dir: Path | None,
+    host_name: str | None,
+    inventories: tuple[str, ...],
+    known_hosts: Path | None,
     model: str | None,
     prompt_tokens: int,
     prompts: int,
@@ -80,6 +127,8 @@ def smoke(
     min_ttft_drop: float,
     seed: int | None,
     as_json: bool,
+    junit_file: Path | None,
+    verbose: bool,
 ) -> RC:
     """Send long prompts, force them out of GPU memory, re-send them, and judge the evidence.
 
@@ -91,22 +140,21 @@ def smoke(
     \b
     Examples:
       kvops smoke --url http://gpu1:8000 --gds-dir /mnt/ontap/lmcache
-      kvops smoke --url http://127.0.0.1:8000 --json
+      kvops smoke --url http://127.0.0.1:8000 --json --junit smoke.xml
+      kvops smoke --host gpu1 -i inventories/prod     # chunk files read over SSH
     Exit: 0 pass, 1 fail, 2 could not run, 130 interrupted.
     """
     err = Console(stderr=True)
-    opts = SmokeOptions(
-        url=url,
-        model=model,
-        prompt_tokens=prompt_tokens,
-        prompts=prompts,
-        gds_dir=gds_dir,
-        timeout_s=timeout_s,
-        seed=seed,
-        evict=evict,
-    )
+    if not url and not host_name:
+        raise click.UsageError("give the engine's --url, or --host H -i INVENTORY")
+    if host_name and not inventories:
+        raise click.UsageError("--host needs the inventory that names it (-i INVENTORY)")
     progress = (lambda _msg: None) if as_json else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
     try:
+        opts = _options(url, gds_dir, host_name, list(inventories), known_hosts, timeout_s)
+        opts = dataclasses.replace(
+            opts, model=model, prompt_tokens=prompt_tokens, prompts=prompts, seed=seed, evict=evict
+        )
         evidence = run_smoke(opts, progress)
     except SmokeError as exc:
         if as_json:  # scripts read stdout: the failure is a document there too
@@ -114,28 +162,37 @@ def smoke(
             click.echo(json.dumps(doc))
         raise
     items = judge(evidence, min_ttft_drop)
-    code = exit_code(items)
+    fleet = as_fleet(evidence.url, items)
+    if junit_file is not None:
+        write_junit(junit_file, fleet, suite_name="kvops-smoke")
     if as_json:
-        doc = {
-            "status": overall(items),
-            "exit_code": int(code),
-            "items": [{"name": i.name, "status": i.status, "message": i.message} for i in items],
-            "evidence": evidence.to_dict(),
-        }
+        doc = {**fleet.to_dict(), **report_dict(evidence, items)}
         click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
-        _render(items, evidence.url, evidence.seed)
-    return code
+        out = Console(width=None if sys.stdout.isatty() else 120)  # logs and CI: not 80 columns
+        title = f"kvops smoke {evidence.url} (prompt seed {evidence.seed})"
+        out.print(host_table(title, fleet.findings[evidence.url], verbose=verbose))
+        verdict = overall(items)
+        out.print(Text.assemble("smoke: ", (str(verdict), STYLE[verdict])))
+    return exit_code(items)
 
 
-def _render(items: list[SmokeItem], url: str, seed: int) -> None:
-    table = Table(title=f"kvops smoke {url} (prompt seed {seed})", title_justify="left")
-    table.add_column("check")
-    table.add_column("status")
-    table.add_column("evidence", overflow="fold")
-    for item in items:
-        table.add_row(item.name, f"[{STYLE[item.status]}]{item.status}[/]", item.message)
-    out = Console()
-    out.print(table)
-    verdict = overall(items)
-    out.print(f"smoke: [{STYLE[verdict]}]{verdict}[/]")
+def _options(
+    url: str | None,
+    gds_dir: Path | None,
+    host_name: str | None,
+    inventories: list[str],
+    known_hosts: Path | None,
+    timeout_s: float,
+) -> SmokeOptions:
+    """Where to send requests and where to look for chunk files: here, or on an inventory host."""
+    if not host_name:
+        assert url is not None
+        return SmokeOptions(url=url, gds_dir=gds_dir, timeout_s=timeout_s)
+    from kvops.smoke_remote import RemoteChunks, host_target
+    from kvops.ssh import SshOptions
+
+    target = host_target(inventories, host_name, url, str(gds_dir) if gds_dir else None)
+    ssh = SshOptions(known_hosts=known_hosts.expanduser() if known_hosts else None)
+    chunks = RemoteChunks(target.host, target.gds_dir, ssh) if target.gds_dir else None
+    return SmokeOptions(url=target.url, timeout_s=timeout_s, chunks=chunks)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, Tuple
 
 PACKAGE = "kvops_probe"
-SHIPPED = ("__init__", "core", "system", "service", "storage", "main")
+SHIPPED = ("__init__", "core", "redact", "system", "service", "storage", "main")
 # How the target interpreter runs the program: without `site`, the program on stdin.
 INTERPRETER_ARGS: Tuple[str, ...] = ("-S", "-")
 

@@ -11,14 +11,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import json
 import os
+import pwd
 import re
+import select
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
+import traceback
 import urllib.error
 import urllib.request
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 KIND_COMMAND = "command"
 KIND_FILE = "file"
@@ -50,6 +56,20 @@ class Probe:
         self.roots = {k: str(roots[k]).rstrip("/") for k in ("proc", "sys", "etc") if roots.get(k)}
         self.tool_dirs = [str(d) for d in (config.get("tool_dirs") or [])]
         self.items: Dict[str, Dict[str, Any]] = {}
+        self._workdir: Optional[str] = None
+
+    # -- private working directory ----------------------------------------------------------
+    def workdir(self) -> str:
+        """A private (0700, mkdtemp) directory: tools run in it and write their logs there,
+        so nothing lands in a directory another user controls; removed by `close`."""
+        if self._workdir is None:
+            self._workdir = tempfile.mkdtemp(prefix="kvops-probe-")
+        return self._workdir
+
+    def close(self) -> None:
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
 
     # -- time -----------------------------------------------------------------------------
     def remaining(self) -> float:
@@ -106,8 +126,14 @@ class Probe:
         resolve: bool = True,
         record: bool = True,
         extra_env: Optional[Dict[str, str]] = None,
+        as_user: Optional[str] = None,
+        cwd: Optional[str] = None,
     ) -> Dict[str, Any]:
-        """Run argv (no shell) and record it; exit 127 with the search path when not found."""
+        """Run argv (no shell) and record it; exit 127 with the search path when not found.
+
+        The tool gets a clean environment (PATH, LC_ALL=C, HOME/TMPDIR = the private workdir,
+        plus `extra_env`), never the probe's or the service's, in the workdir unless `cwd`
+        says otherwise; `as_user` drops to that user first (root only)."""
         if record and self.out_of_time(item_id, KIND_COMMAND, argv):
             return self.items[item_id]
         item: Dict[str, Any] = {"kind": KIND_COMMAND, "source": list(argv)}
@@ -123,30 +149,41 @@ class Probe:
         else:
             item["source"] = [exe, *list(argv[1:])]
             limit = min(timeout_s or self.command_timeout_s, max(self.remaining(), 0.5))
-            item.update(self._run(item["source"], limit, extra_env))
+            item.update(self._run(item["source"], limit, extra_env, as_user, cwd))
+            if as_user:
+                item["run_as"] = as_user
         item["duration_s"] = round(time.monotonic() - start, 4)
         if record:
             self.items[item_id] = item
         return item
 
     def _run(
-        self, argv: List[str], timeout_s: float, extra_env: Optional[Dict[str, str]] = None
+        self,
+        argv: List[str],
+        timeout_s: float,
+        extra_env: Optional[Dict[str, str]] = None,
+        as_user: Optional[str] = None,
+        cwd: Optional[str] = None,
     ) -> Dict[str, Any]:
-        env = dict(os.environ)
+        workdir = self.workdir()
+        env = {"HOME": workdir, "TMPDIR": workdir}
         env.update(extra_env or {})
         env["PATH"] = os.pathsep.join(self.search_path())
         env["LC_ALL"] = "C"
         try:
+            drop = privilege_drop(as_user) if as_user else None
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=env,
+                cwd=cwd or workdir,
+                preexec_fn=drop,
                 start_new_session=True,  # so a timeout kills the tool's children too
             )
-        except OSError as exc:
-            code = 127 if exc.errno == errno.ENOENT else 126
+        except (OSError, KeyError, subprocess.SubprocessError) as exc:
+            code = 127 if getattr(exc, "errno", None) == errno.ENOENT else 126
             return {"exit_code": code, "stdout": "", "stderr": str(exc)}
         try:
             out, err = proc.communicate(timeout=timeout_s)
@@ -230,6 +267,89 @@ class Probe:
         item["duration_s"] = round(time.monotonic() - start, 4)
         self.items[item_id] = item
         return item
+
+
+def privilege_drop(user: str) -> Optional[Callable[[], None]]:
+    """A preexec function that becomes `user` (groups, gid, uid); None when nothing to drop
+    (already that user, or not root: an unprivileged probe cannot switch). KeyError when the
+    user does not exist."""
+    pw = pwd.getpwnam(user)
+    if os.geteuid() != 0 or pw.pw_uid == os.geteuid():
+        return None
+    groups = os.getgrouplist(user, pw.pw_gid)
+
+    def drop() -> None:
+        os.setgroups(groups)
+        os.setgid(pw.pw_gid)
+        os.setuid(pw.pw_uid)
+
+    return drop
+
+
+def in_child(
+    work: Callable[[], Any], timeout_s: float, as_user: Optional[str] = None
+) -> Tuple[Any, Optional[str]]:
+    """Run `work` in a forked child with its own time budget: (its JSON result, error).
+
+    Why a child: a hard NFS mount that stops answering blocks stat/statvfs/readdir in the
+    kernel, uninterruptibly; done in the probe itself, one such call would cost the host all
+    of its evidence. The child is killed (and left to the kernel if it cannot die) after
+    `timeout_s`; the probe goes on with what it has."""
+    drop = privilege_drop(as_user) if as_user else None
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.close(read_fd)
+            if drop is not None:
+                drop()
+            payload = json.dumps({"result": work()})
+        except BaseException:  # anything the child hits is reported, never raised
+            payload = json.dumps({"error": traceback.format_exc(limit=2).strip()})
+            code = 1
+        with contextlib.suppress(OSError):
+            data = payload.encode("utf-8")
+            while data:
+                data = data[os.write(write_fd, data) :]
+        os._exit(code)
+    os.close(write_fd)
+    chunks: List[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([read_fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_fd)
+    if timed_out:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        for _ in range(20):  # a child stuck in the kernel dies later; init reaps it then
+            with contextlib.suppress(OSError):
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    break
+            time.sleep(0.025)
+        return None, "did not answer in %g s" % timeout_s
+    with contextlib.suppress(OSError):
+        os.waitpid(pid, 0)
+    try:
+        message = json.loads(b"".join(chunks).decode("utf-8"))
+    except ValueError:
+        return None, "child ended without a result"
+    if "error" in message:
+        return None, str(message["error"]).splitlines()[-1]
+    return message.get("result"), None
 
 
 def _version_key(path: str) -> List[Any]:

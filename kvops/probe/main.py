@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import signal
 import sys
 from typing import Any, Dict
 
@@ -32,11 +33,18 @@ def collect(config: Dict[str, Any]) -> Dict[str, Any]:
         "settings": settings,
         "items": probe.items,
     }
-    collect_platform(probe)
-    service = collect_service(probe, settings)
-    collect_gds(probe, settings, service)
-    collect_http(probe, settings)
+    try:
+        collect_platform(probe)
+        service = collect_service(probe, settings)
+        collect_gds(probe, settings, service)
+        collect_http(probe, settings)
+    finally:
+        probe.close()  # the private tool directory, whatever happened
     return doc
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _hostname() -> str:
@@ -46,7 +54,12 @@ def _hostname() -> str:
 
 
 def run(config: Dict[str, Any]) -> int:
-    """Print one JSON document on stdout; always exit 0 once a document was printed."""
+    """Print one JSON document on stdout; always exit 0 once a document was printed.
+
+    SIGTERM/SIGHUP (the client's `timeout`, a dropped SSH session) become SystemExit, so the
+    `finally` blocks remove the bench and tool directories before the probe ends."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
     doc = collect(config)
     sys.stdout.write(json.dumps(doc, sort_keys=True))
     sys.stdout.write("\n")

@@ -10,6 +10,7 @@ vLLM URL's port. Secret-looking values (tokens, passwords, API keys) are replace
 
 from __future__ import annotations
 
+import glob
 import os
 import pwd
 import re
@@ -19,40 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlparse
 
 from .core import KIND_FILE, KIND_SYSFS, Probe, read_text
-
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
-SECRET_ASSIGN = re.compile(
-    r"(\b[A-Za-z_]*(?:TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_KEY|PRIVATE_KEY)[A-Za-z_]*=)"
-    r"(\"[^\"]*\"|'[^']*'|\S+)",
-    re.I,
-)
-SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
-REDACTED = "<redacted>"
-
-
-def redact_env(env: Dict[str, str]) -> Dict[str, str]:
-    return {k: (REDACTED if SECRET_NAME.search(k) else v) for k, v in env.items()}
-
-
-def redact_text(text: str) -> str:
-    return SECRET_ASSIGN.sub(lambda m: m.group(1) + REDACTED, text)
-
-
-def redact_argv(argv: List[str]) -> List[str]:
-    out: List[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-        elif arg in SECRET_FLAGS:
-            out.append(arg)
-            hide_next = True
-        elif any(arg.startswith(f + "=") for f in SECRET_FLAGS):
-            out.append(arg.split("=", 1)[0] + "=" + REDACTED)
-        else:
-            out.append(arg)
-    return out
+from .redact import redact_argv, redact_env, redact_text
 
 
 def parse_show(text: str) -> Dict[str, List[str]]:
@@ -154,25 +122,96 @@ def _process_data(pid: int) -> Tuple[Dict[str, Any], Optional[Dict[str, str]]]:
     return {"pid": pid, "user": user, "argv": redact_argv(argv)}, env
 
 
-def service_python(argv: List[str]) -> str:
-    """The interpreter the service runs under (argv[0] or its shebang), else python3."""
-    if not argv:
-        return "python3"
-    exe = argv[0]
-    if os.path.basename(exe).startswith("python"):
-        return exe
+SITE_GLOBS = (
+    "lib/python3*/site-packages",
+    "lib/python3*/dist-packages",
+    "local/lib/python3*/dist-packages",
+    "lib64/python3*/site-packages",
+)
+METADATA_LIMIT = 64 * 1024
+
+
+def _prefixes(argv: List[str], env: Dict[str, str], settings: Dict[str, Any]) -> List[str]:
+    """Install prefixes to look in: the inventory's venv, the service's VIRTUAL_ENV, the
+    directory above argv[0]'s bin/, then the system ones. Only ever read, never run."""
+    found: List[str] = []
+    for value in (settings.get("vllm_venv"), env.get("VIRTUAL_ENV")):
+        if value:
+            found.append(str(value))
+    if argv and os.path.isabs(argv[0]):
+        found.append(os.path.dirname(os.path.dirname(argv[0])))
+    found += ["/usr/local", "/usr", "/opt/conda"]
+    out: List[str] = []
+    for prefix in found:
+        if prefix not in out:
+            out.append(prefix)
+    return out
+
+
+def _metadata_header(path: str) -> Dict[str, str]:
+    """Name and Version of a core-metadata file (the header before the first blank line)."""
+    fields: Dict[str, str] = {}
     try:
-        with open(exe, "rb") as fh:
-            first = fh.readline(512).decode("utf-8", "replace").strip()
+        with open(path, "rb") as fh:
+            text = fh.read(METADATA_LIMIT).decode("utf-8", "replace")
     except OSError:
-        return "python3"
-    if first.startswith("#!"):
-        words = first[2:].split()
-        if words and os.path.basename(words[0]) == "env" and len(words) > 1:
-            return words[1]
-        if words:
-            return words[0]
-    return "python3"
+        return fields
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, sep, value = line.partition(":")
+        if sep and key in ("Name", "Version"):
+            fields[key] = value.strip()
+    return fields
+
+
+def distribution_version(
+    package: str, prefixes: List[str], root: str = ""
+) -> "Tuple[Optional[str], List[str]]":
+    """(path of the installed `package`'s METADATA, where it was looked for).
+
+    Reads `*.dist-info/METADATA` (https://packaging.python.org/en/latest/specifications/
+    recording-installed-packages/) instead of importing the package or running the service's
+    Python: that Python, its `.pth` files and its site-packages belong to the service, and the
+    probe may run as root. `root` is /proc/<pid>/root, so a containerised service is read in
+    its own filesystem."""
+    looked: List[str] = []
+    wanted = re.sub(r"[-_.]+", "_", package).lower()
+    for prefix in prefixes:
+        for pattern in SITE_GLOBS:
+            where = os.path.join(root + prefix, pattern)
+            looked.append(where)
+            for info in sorted(glob.glob(os.path.join(where, "*.dist-info"))):
+                name = os.path.basename(info)[: -len(".dist-info")].split("-", 1)[0]
+                if re.sub(r"[-_.]+", "_", name).lower() == wanted:
+                    return os.path.join(info, "METADATA"), looked
+    return None, looked
+
+
+def collect_lmcache_version(
+    p: Probe, argv: List[str], env: Dict[str, str], settings: Dict[str, Any], pid: int
+) -> None:
+    """Record LMCache's Name/Version from its METADATA in the service's filesystem."""
+    start = time.monotonic()
+    prefixes = _prefixes(argv, env, settings)
+    path: Optional[str] = None
+    looked: List[str] = []
+    for root in (["/proc/%d/root" % pid] if pid else []) + [""]:
+        path, tried = distribution_version("lmcache", prefixes, root)
+        looked += tried
+        if path:
+            break
+    item: Dict[str, Any] = {"kind": KIND_FILE, "source": path or ""}
+    fields = _metadata_header(path) if path else {}
+    if fields.get("Version"):
+        item["stdout"] = "Name: %s\nVersion: %s\n" % (fields.get("Name", ""), fields["Version"])
+        item["error"] = None
+    elif path:
+        item["error"] = "no Version in %s" % path
+    else:
+        item["error"] = "ENOENT lmcache-*.dist-info/METADATA not in %s" % ", ".join(looked[:6])
+    item["duration_s"] = round(time.monotonic() - start, 4)
+    p.items["lmcache_version"] = item
 
 
 def collect_service(p: Probe, settings: Dict[str, Any]) -> Dict[str, Any]:
@@ -189,7 +228,7 @@ def collect_service(p: Probe, settings: Dict[str, Any]) -> Dict[str, Any]:
             "--no-pager",
             unit,
             "-p",
-            "LoadState,ActiveState,MainPID,User",
+            "LoadState,ActiveState,MainPID,User,InvocationID",
             "-p",
             "Environment,EnvironmentFiles,ExecStart",
         ],
@@ -217,6 +256,9 @@ def collect_service(p: Probe, settings: Dict[str, Any]) -> Dict[str, Any]:
         try:
             proc_data, proc_env = _process_data(pid)
             proc_data["found_by"] = found_by
+            serving = _serving_descendant(pid)
+            if serving is not None:
+                proc_data["serving_pid"], proc_data["serving_argv"] = serving
         except OSError as exc:
             error = "cannot read %s: %s" % (source, exc)
     else:
@@ -262,16 +304,130 @@ def collect_service(p: Probe, settings: Dict[str, Any]) -> Dict[str, Any]:
             "LMCACHE_CONFIG_FILE not in the service environment",
             "duration_s": 0.0,
         }
+    collect_journal(p, unit, (show.get("InvocationID") or [""])[-1])
     argv = (proc_data or {}).get("argv") or _exec_start_argv(show.get("ExecStart", []))
-    python = service_python(argv)
-    p.command(
-        "lmcache_version",
-        [python, "-c", 'import importlib.metadata as m; print(m.version("lmcache"))'],
-    )
+    root_pid = int((proc_data or {}).get("serving_pid") or pid or 0) if proc_data else 0
+    collect_launch_files(p, [(proc_data or {}).get("serving_argv") or [], argv], root_pid)
+    collect_lmcache_version(p, argv, env, settings, pid if proc_data else 0)
     user = settings.get("service_user") or (proc_data or {}).get("user")
     if not user and show:
         user = (show.get("User") or [""])[-1] or "root"
     return {"env": env, "service_user": user}
+
+
+DESCENDANT_DEPTH = 4
+
+
+def _children() -> Dict[int, List[int]]:
+    """ppid → pids, from /proc/*/stat (field 4, after the parenthesised command name)."""
+    out: Dict[int, List[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        stat_text = read_text("/proc/%s/stat" % name, 1024) or ""
+        fields = stat_text.rpartition(")")[2].split()
+        if len(fields) > 1 and fields[1].isdigit():
+            out.setdefault(int(fields[1]), []).append(int(name))
+    return out
+
+
+def _serving_descendant(pid: int) -> "Optional[Tuple[int, List[str]]]":
+    """The process under MainPID that really serves (a wrapper script's child, a container's
+    process under podman's conmon): the first descendant whose argv names vLLM's connector
+    config or vLLM itself. None when MainPID is that process already."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            own = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    if "--kv-transfer-config" in own or "--kv_transfer_config" in own:
+        return None
+    children = _children()
+    level = children.get(pid, [])
+    for _ in range(DESCENDANT_DEPTH):
+        nxt: List[int] = []
+        for child in sorted(level):
+            try:
+                with open("/proc/%d/cmdline" % child, "rb") as fh:
+                    argv = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
+            except OSError:
+                continue
+            text = " ".join(argv)
+            if "--kv-transfer-config" in text or "--kv_transfer_config" in text or "vllm" in text:
+                return child, redact_argv(argv)
+            nxt += children.get(child, [])
+        level = nxt
+    return None
+
+
+SHELLS = ("sh", "bash", "dash", "zsh")
+
+
+def _flag_value(argv: List[str], flag: str) -> Optional[str]:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _in_process_root(pid: int, path: str) -> str:
+    """Where to read a path the service names: inside its own filesystem (a container's
+    /proc/<pid>/root) when that is readable, else the host's."""
+    if pid and os.path.isabs(path):
+        inside = "/proc/%d/root%s" % (pid, path)
+        if os.path.exists(inside):
+            return inside
+    return path
+
+
+def collect_launch_files(p: Probe, argvs: List[List[str]], pid: int) -> None:
+    """Files that carry vLLM's arguments when argv does not: `vllm serve --config FILE`
+    (https://docs.vllm.ai/en/latest/configuration/serve_args.html) and a wrapper script the
+    unit starts. Read as text and redacted, never executed."""
+    config = next((v for v in (_flag_value(a, "--config") for a in argvs) if v), None)
+    if config:
+        item = p.file("vllm_config_file", _in_process_root(pid, config))
+        if item.get("stdout"):
+            item["stdout"] = redact_text(item["stdout"])
+    script = None
+    for argv in argvs:
+        if not argv:
+            continue
+        words = argv[1:] if os.path.basename(argv[0]) in SHELLS else argv[:1]
+        candidate = next((w for w in words if not w.startswith("-")), None)
+        if candidate and os.path.isabs(candidate) and _is_script(candidate):
+            script = candidate
+            break
+    if script:
+        item = p.file("vllm_wrapper", script)
+        if item.get("stdout"):
+            item["stdout"] = redact_text(item["stdout"])
+
+
+def _is_script(path: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2) == b"#!"
+    except OSError:
+        return False
+
+
+JOURNAL_LINES = 3000
+
+
+def collect_journal(p: Probe, unit: str, invocation: str) -> None:
+    """The service's log of its current run (systemd's InvocationID), else of this boot: LMCache
+    reports a missing compiled extension or an ignored key only there, as a warning."""
+    argv = ["journalctl", "--no-pager", "-o", "cat", "-n", str(JOURNAL_LINES)]
+    if invocation:
+        argv.append("_SYSTEMD_INVOCATION_ID=%s" % invocation)
+    else:
+        argv += ["-b", "-u", unit]
+    item = p.command("vllm_journal", argv)
+    if item.get("stdout"):
+        item["stdout"] = redact_text(item["stdout"])
 
 
 def _url_port(url: str) -> Optional[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -40,8 +41,8 @@ def host_table(
     table.add_column("id", no_wrap=True)
     table.add_column("status", no_wrap=True)
     table.add_column("check")
-    table.add_column("finding")
-    table.add_column("remedy")
+    table.add_column("finding", overflow="fold")  # fold long metric names, never crop them
+    table.add_column("remedy", overflow="fold")
     for item in findings:
         if problems_only and item.severity not in (Severity.FAIL, Severity.WARN):
             continue
@@ -128,3 +129,9 @@ def to_junit(result: FleetResult, suite_name: str = "kvops-validate") -> str:
         suite.set("errors", "0")
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write_junit(path: Path, result: FleetResult, suite_name: str = "kvops-validate") -> None:
+    """`--junit FILE` of validate and smoke: the parent directory is created if missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_junit(result, suite_name), encoding="utf-8")

@@ -18,7 +18,7 @@ from kvops.sim.hashing import PromptHasher, as_token_array
 from kvops.sim.kvcache import GpuKvCache, Ids
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.offload import OffloadTier
-from kvops.sim.records import EngineStats, Request, RequestRecord, StepResult
+from kvops.sim.records import EngineStats, Request, SimRequestRecord, StepResult
 
 _NO_BLOCKS: Ids = np.zeros(0, dtype=np.int64)
 
@@ -64,7 +64,7 @@ class _Seq:
         self.block_hashes, self.chunk_hashes = hasher(tokens)
         self.num_full_blocks = int(self.block_hashes.shape[0])
         self.num_full_chunks = len(self.chunk_hashes)
-        self.record = RequestRecord(
+        self.record = SimRequestRecord(
             req.request_id, req.arrival_s, self.prompt_len, req.output_tokens
         )
         self.num_computed = 0
@@ -131,7 +131,7 @@ class Engine:
         heapq.heappush(self._pending, (req.arrival_s, self._counter, seq))
         self._by_id[req.request_id] = seq
 
-    def abort(self, request_id: str) -> RequestRecord | None:
+    def abort(self, request_id: str) -> SimRequestRecord | None:
         """Drop a request (client went away); its blocks are freed as on finish."""
         seq = self._by_id.pop(request_id, None)
         if seq is None:
@@ -360,11 +360,18 @@ class Engine:
                     seq.chunks_saved = full
         stored: list[int] = []
         if offload is not None and to_store:
-            copy_s = costs.device_copy_s(len(to_store) * chunk_size)
-            wait_s, stored = offload.store(to_store, end_s + copy_s, self.settings.store_blocking)
-            end_s += copy_s + wait_s
+            # LMCache asks its storage which chunks it already holds and copies only the others
+            # out of the paged KV cache (LMCacheEngine.store: `contains` before allocate/copy,
+            # https://github.com/LMCache/LMCache lmcache/v1/cache_engine.py): a shared prefix
+            # is copied once, not once per request.
+            fresh = list(dict.fromkeys(h for h in to_store if not offload.is_stored(h)))
+            if fresh:
+                copy_s = costs.device_copy_s(len(fresh) * chunk_size)
+                self.stats.offload_copied_tokens += len(fresh) * chunk_size
+                wait_s, stored = offload.store(fresh, end_s + copy_s, self.settings.store_blocking)
+                end_s += copy_s + wait_s
         token_ids: list[str] = []
-        finished: list[RequestRecord] = []
+        finished: list[SimRequestRecord] = []
         for seq in emitting:
             rec = seq.record
             seq.generated += 1
@@ -387,7 +394,7 @@ class Engine:
         self.now_s = end_s
         return StepResult(start_s, end_s, token_ids, finished, stored)
 
-    def run(self, requests: Iterable[Request]) -> list[RequestRecord]:
+    def run(self, requests: Iterable[Request]) -> list[SimRequestRecord]:
         """Simulate requests to completion; records in the order the requests were given."""
         seqs = []
         for req in requests:

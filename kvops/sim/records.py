@@ -21,7 +21,7 @@ class Request:
 
 
 @dataclass
-class RequestRecord:
+class SimRequestRecord:
     """What happened to one request, in virtual seconds. Prompt tokens by source are from the
     request's first scheduling (what vLLM reports as cached tokens); recomputation after a
     preemption is counted in `num_preemptions`, not here."""
@@ -67,6 +67,7 @@ class EngineStats:
     request_success: int = 0
     num_steps: int = 0
     busy_s: float = 0.0
+    offload_copied_tokens: int = 0  # copied from the paged KV cache to LMCache's buffer
 
 
 @dataclass
@@ -77,5 +78,5 @@ class StepResult:
     start_s: float
     end_s: float
     token_request_ids: list[str]
-    finished: list[RequestRecord]
+    finished: list[SimRequestRecord]
     stored_chunk_hashes: list[int]

@@ -1,10 +1,16 @@
 """Workloads: strict specs, the three presets, exact-length request generation, schedules."""
 
-from kvops.workload.generate import Alphabet, PlannedRequest, make_prefixes, plan_iteration
+from kvops.workload.generate import (
+    Alphabet,
+    PlannedRequest,
+    SampleRequest,
+    make_prefixes,
+    plan_iteration,
+)
 from kvops.workload.spec import (
     PRESET_NAMES,
-    SpecError,
     WorkloadSpec,
+    WorkloadSpecError,
     load_preset,
     load_spec_file,
     spec_from_dict,
@@ -14,8 +20,9 @@ __all__ = [
     "PRESET_NAMES",
     "Alphabet",
     "PlannedRequest",
-    "SpecError",
+    "SampleRequest",
     "WorkloadSpec",
+    "WorkloadSpecError",
     "load_preset",
     "load_spec_file",
     "make_prefixes",

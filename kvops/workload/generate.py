@@ -3,11 +3,15 @@
 Token-id prompts (the default) make lengths exact without trusting a tokenizer round trip; ids
 come from an alphabet known to be valid for the served model (ids seen when tokenizing sample
 text through `/tokenize`, or a range below `--vocab-size`). Servers that refuse token ids get
-text built from words that each tokenize to exactly one token (see `kvops.workload.calibrate`).
+text built from words that each tokenize to exactly one token (see `kvops.loadgen.calibrate`,
+which asks the server: calibration is the client's job, this module knows no HTTP).
 
-Every random draw uses a local generator keyed by (seed, role, ...) so a prefix is identical in
-every arm and trial, suffixes are identical across arms within a trial, and a different trial
-gets fresh suffixes (a repeated whole prompt would be an unfair full-cache hit).
+Every random draw uses a local generator keyed by (spec seed, run seed, role, ...) so a prefix is
+identical in every arm and trial, suffixes are identical across arms within a trial, and a
+different trial gets fresh suffixes (a repeated whole prompt would be an unfair full-cache hit).
+The run seed is fresh for every `kvops ab-test` run (recorded in run.json, reusable with
+`--seed`): a persistent KV tier (LMCache's GDS directory survives restarts and
+`/reset_prefix_cache`) must never hold a previous run's "unique" prompts.
 """
 
 from __future__ import annotations
@@ -19,10 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from kvops.loadgen.client import CompletionRequest
 from kvops.workload.spec import WorkloadSpec
 
-_PREFIX, _SUFFIX = 0, 1
+_PREFIX, _SUFFIX, _ORDER = 0, 1, 2
 
 
 def _salt(spec: WorkloadSpec) -> int:
@@ -80,6 +83,20 @@ class Alphabet:
         return cls(id_range=(low, vocab_size))
 
 
+@dataclass(frozen=True)
+class SampleRequest:
+    """What to ask the server, in plain values: no HTTP here (the load generator builds the wire
+    request, as vLLM's benchmark maps its datasets' `SampleRequest`s to request-function inputs:
+    https://github.com/vllm-project/vllm/blob/main/vllm/benchmarks/datasets.py).
+    `prompt` is token ids (exact length) or text; `intended_prompt_tokens` is the spec's length."""
+
+    request_id: str
+    prompt: list[int] | str
+    output_tokens: int
+    prefix_id: int | None = None
+    intended_prompt_tokens: int | None = None
+
+
 @dataclass
 class PlannedRequest:
     """A request with its place in the workload (iteration, batch within the iteration)."""
@@ -87,7 +104,7 @@ class PlannedRequest:
     iteration: int
     batch: int
     index: int
-    request: CompletionRequest
+    request: SampleRequest
 
 
 def _draw(alphabet: Alphabet, n: int, key: Sequence[int]) -> np.ndarray:
@@ -112,13 +129,25 @@ def _join(head: list[int] | str, tail: list[int] | str) -> list[int] | str:
     raise TypeError("prefix and suffix must both be text or both be token ids")
 
 
-def make_prefixes(spec: WorkloadSpec, alphabet: Alphabet) -> list[list[int] | str]:
+def make_prefixes(
+    spec: WorkloadSpec, alphabet: Alphabet, run_seed: int = 0
+) -> list[list[int] | str]:
     """The shared prefixes; text prefixes leave room for the tokenizer's special tokens."""
     n = spec.prefix_tokens - (alphabet.special_tokens if alphabet.is_text else 0)
     return [
-        _render(alphabet, _draw(alphabet, n, (spec.seed, _salt(spec), _PREFIX, p)))
+        _render(alphabet, _draw(alphabet, n, (spec.seed, run_seed, _salt(spec), _PREFIX, p)))
         for p in range(spec.num_prefixes)
     ]
+
+
+def send_order(spec: WorkloadSpec, *, trial: int, iteration: int, run_seed: int = 0) -> list[int]:
+    """Request indices of one iteration in send order: shuffled with a generator keyed by
+    (seeds, trial, iteration), so both arms of a trial get the same order; or cyclic."""
+    n = spec.per_iteration
+    if spec.request_order == "cyclic":
+        return list(range(n))
+    rng = np.random.default_rng([spec.seed, run_seed, _salt(spec), _ORDER, trial, iteration])
+    return [int(j) for j in rng.permutation(n)]
 
 
 def plan_iteration(
@@ -129,24 +158,25 @@ def plan_iteration(
     trial: int,
     iteration: int,
     id_prefix: str = "",
+    run_seed: int = 0,
 ) -> list[PlannedRequest]:
-    """The requests of one iteration, in send order, with their batch numbers."""
+    """The requests of one iteration, in send order (see `send_order`), with their batch
+    numbers. Request j keeps prefix j mod N and its own suffix whatever its place."""
     planned: list[PlannedRequest] = []
     specials = alphabet.special_tokens if alphabet.is_text else 0
-    for j in range(spec.per_iteration):
+    order = send_order(spec, trial=trial, iteration=iteration, run_seed=run_seed)
+    for position, j in enumerate(order):
         prefix_id = j % spec.num_prefixes if spec.num_prefixes else None
         n_suffix = spec.suffix_tokens - (specials if prefix_id is None else 0)
-        suffix = _render(
-            alphabet,
-            _draw(alphabet, n_suffix, (spec.seed, _salt(spec), _SUFFIX, trial, iteration, j)),
-        )
+        key = (spec.seed, run_seed, _salt(spec), _SUFFIX, trial, iteration, j)
+        suffix = _render(alphabet, _draw(alphabet, n_suffix, key))
         prompt = suffix if prefix_id is None else _join(prefixes[prefix_id], suffix)
-        req = CompletionRequest(
+        req = SampleRequest(
             request_id=f"{id_prefix}t{trial}-i{iteration}-r{j}",
             prompt=prompt,
             output_tokens=spec.output_tokens,
             prefix_id=prefix_id,
             intended_prompt_tokens=spec.prompt_tokens,
         )
-        planned.append(PlannedRequest(iteration, j // spec.batch_size, j, req))
+        planned.append(PlannedRequest(iteration, position // spec.batch_size, j, req))
     return planned

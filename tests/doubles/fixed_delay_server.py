@@ -6,6 +6,12 @@ a client measures beyond these figures is client (or network stack) error.
 
 Run: python tests/doubles/fixed_delay_server.py --port P [--fault http500|malformed|stall]
      [--text-only] [--vocab-size N] [--first-ms 50] [--gap-ms 10] [--timing-log DIR]
+     [--event-log FILE] [--no-metrics]
+
+With --event-log, one JSON line per POST /v1/completions ({"event": "request", "prompt": ...})
+and per POST /reset_prefix_cache ({"event": "reset"}) is appended in the order the server got
+them (tests/integration/test_abtest_faults.py counts the resets before each segment).
+With --no-metrics the server has no /metrics (404), like an engine with metrics turned off.
 
 With --timing-log, each process appends one JSON line per streamed request to DIR/<pid>.jsonl:
 the prompt and the CLOCK_MONOTONIC instants at which each chunk was written. That is the truth
@@ -45,12 +51,18 @@ class FixedDelay:
         self.requests = 0
         self.generated = 0
 
+    def log_event(self, event: dict[str, object]) -> None:
+        if self.args.event_log:
+            with open(self.args.event_log, "a") as log:
+                log.write(json.dumps(event) + "\n")
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests += 1
         prompt = body.get("prompt")
         if prompt is None and "messages" in body:
             prompt = " ".join(m.get("content", "") for m in body["messages"])
+        self.log_event({"event": "request", "prompt": prompt})
         if isinstance(prompt, list):
             if self.args.text_only:
                 return web.json_response(
@@ -131,6 +143,7 @@ class FixedDelay:
         return web.Response(text=text, content_type="text/plain")
 
     async def reset(self, _: web.Request) -> web.Response:
+        self.log_event({"event": "reset"})
         return web.json_response({"success": True})
 
 
@@ -143,7 +156,8 @@ def build_app(args: argparse.Namespace) -> web.Application:
     app.router.add_post("/tokenize", srv.tokenize)
     app.router.add_get("/version", srv.version)
     app.router.add_get("/health", srv.health)
-    app.router.add_get("/metrics", srv.metrics)
+    if not args.no_metrics:
+        app.router.add_get("/metrics", srv.metrics)
     app.router.add_post("/reset_prefix_cache", srv.reset)
     return app
 
@@ -158,6 +172,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--text-only", action="store_true")
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--timing-log", help="directory for per-request chunk write instants")
+    p.add_argument("--event-log", help="file: one line per completion request and cache reset")
+    p.add_argument("--no-metrics", action="store_true", help="serve no /metrics")
     p.add_argument("--reuse-port", action="store_true", help="share the port with siblings")
     return p.parse_args(argv)
 

@@ -13,7 +13,7 @@ and start two real `vllm serve` processes on 127.0.0.1:
 Both are pinned to the same CPU (VLLM_CPU_OMP_THREADS_BIND) because a connector-enabled vLLM was
 seen to take twice the threads of its baseline otherwise. Each runs in its own process group and
 is stopped with its EngineCore/Worker children even when a test fails. If the engine cannot be
-installed, the tier fails in CI (CI=true) and skips with the reason elsewhere.
+installed, the tier fails in CI (tests/ci_rule.py) and skips with the reason elsewhere.
 
 Timings (install, model build, start) go to runs/engine/timings.json and the terminal summary.
 """
@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from ci_rule import unavailable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -67,9 +68,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 def _unavailable(reason: str) -> None:
     """In CI the tier must never vanish quietly; locally a missing engine is a clear skip."""
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"engine tier cannot run in CI: {reason}", pytrace=False)
-    pytest.skip(f"engine tier unavailable: {reason}")
+    unavailable(f"engine tier unavailable: {reason}")
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,8 @@ def _workload(tmp_path: Path, iterations: int = 2) -> Path:
 def _cmd(out: Path, workload: Path, base: str, cand: str, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "kvops", "ab-test", "--arm", f"baseline={base}",
-        "--arm", f"offload={cand}", "--workload", str(workload), "--out", str(out), *extra,
+        "--arm", f"offload={cand}", "--workload", str(workload), "--out", str(out),
+        "--trials", "2", *extra,
     ]  # fmt: skip
 
 
@@ -132,7 +133,11 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
     assert proc.returncode == 1, stderr
     assert "Traceback" not in stderr
     doc = _results(out)
-    assert doc["status"] == "complete"
+    # the broken arm gets no verdict, and the status says which arm broke and when
+    assert doc["status"] == "invalid"
+    assert doc["status_detail"].startswith("arm offload broke in custom:")
+    verdicts = {c["verdict"] for c in doc["scenarios"]["custom"]["comparisons"]}
+    assert len(verdicts) == 1 and verdicts.pop().startswith("invalid: ")
     offload = doc["scenarios"]["custom"]["arms"]["offload"]
     assert offload["errors_total"] > 0
     assert doc["scenarios"]["custom"]["arms"]["baseline"]["errors_total"] == 0
@@ -173,3 +178,33 @@ def test_worker_processes_record_every_request(tmp_path: Path) -> None:
     lines = (out / "records.jsonl").read_text().splitlines()
     assert len(lines) == 32 and len({json.loads(x)["request_id"] for x in lines}) == 32
     assert _results(out)["client"]["workers"] == 2
+
+
+def _events(log: Path) -> list[str]:
+    return [json.loads(line)["event"] for line in log.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["reset-cache", "no-reset-cache"])
+def test_prefix_cache_reset_before_each_segment(tmp_path: Path, reset: bool) -> None:
+    """Each arm's server sees POST /reset_prefix_cache, then that segment's requests, once per
+    segment (2 trials x 2 iterations x 4 requests per arm); `--no-reset-cache` sends none.
+    Requests before the first reset are the start-up probe, not part of any segment."""
+    out = tmp_path / "run"
+    logs = {arm: tmp_path / f"{arm}.events" for arm in ("baseline", "offload")}
+    extra = [] if reset else ["--no-reset-cache"]
+    with (
+        running("--event-log", str(logs["baseline"])) as (a, _),
+        running("--event-log", str(logs["offload"])) as (b, _),
+    ):
+        proc = _run(_cmd(out, _workload(tmp_path), a, b, *extra))
+    assert proc.returncode == 0, proc.stderr
+    segment = ["request"] * 2 * 4
+    for arm, log in logs.items():
+        events = _events(log)
+        if reset:
+            first = events.index("reset")
+            assert set(events[:first]) <= {"request"} and first <= 1, (arm, events)
+            assert events[first:] == (["reset", *segment]) * 2, (arm, events)
+        else:
+            assert "reset" not in events, (arm, events)
+            assert events.count("request") >= 2 * len(segment), (arm, events)

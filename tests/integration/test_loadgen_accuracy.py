@@ -15,43 +15,58 @@ import asyncio
 import itertools
 import os
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from ci_rule import unavailable
 from doubles.fixed_delay_server import read_timing_log, running
 
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session
-from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner, judge_client
-from kvops.workload.generate import PlannedRequest
+from kvops.loadgen.runner import (
+    ClientStats,
+    Labels,
+    LoopLagMonitor,
+    Runner,
+    WireRequest,
+    judge_client,
+)
 
 PROMPT_ID_BASE = 1000  # measured prompts are [1, 2, 1000 + i]: each one names its request
 
 
+async def _block_the_loop(block_s: float, every_s: float) -> None:
+    """A client whose own work holds its event loop (`time.sleep` is CPU it does not yield)."""
+    while True:
+        time.sleep(block_s)
+        await asyncio.sleep(every_s)
+
+
 async def _closed_loop(
-    url: str, streams: int, requests: int, output_tokens: int
+    url: str, streams: int, requests: int, output_tokens: int, busy_client: bool = False
 ) -> tuple[list[RequestRecord], ClientStats]:
-    """`requests` requests, at most `streams` in flight: a steady `streams`-way concurrency."""
+    """`requests` requests, at most `streams` in flight: a steady `streams`-way concurrency.
+    With `busy_client` the client's loop is blocked 30 ms in every ~35 ms while it measures."""
     records: list[RequestRecord] = []
     stats = ClientStats()
     async with make_session() as session:
         runner = Runner(session, Endpoint(url, "fixed-delay"), records.append, stats=stats)
-        warm = [
-            PlannedRequest(0, 0, i, CompletionRequest(f"w{i}", [1, 2, 3], 2))
-            for i in range(streams)
-        ]
+        warm = [WireRequest(0, 0, CompletionRequest(f"w{i}", [1, 2, 3], 2)) for i in range(streams)]
         await runner.run_group(warm, Labels(warmup=True))  # open the connections first
         records.clear()
         planned = [
-            PlannedRequest(
-                0, 0, i, CompletionRequest(f"r{i}", [1, 2, PROMPT_ID_BASE + i], output_tokens)
-            )
+            WireRequest(0, 0, CompletionRequest(f"r{i}", [1, 2, PROMPT_ID_BASE + i], output_tokens))
             for i in range(requests)
         ]
         offsets = [i * 0.002 for i in range(requests)]  # ramp in; then the cap holds `streams`
         monitor = LoopLagMonitor(stats)
         monitor.start()
+        blocker = asyncio.create_task(_block_the_loop(0.030, 0.005)) if busy_client else None
         await runner.run_group(planned, Labels(), offsets, max_concurrency=streams)
+        if blocker is not None:
+            blocker.cancel()
+            await asyncio.gather(blocker, return_exceptions=True)
         await monitor.stop()
     return records, stats
 
@@ -94,11 +109,13 @@ def _timing(records: list[RequestRecord], log_dir: Path) -> Timing:
     )
 
 
-def _measure(streams: int, requests: int, log_dir: Path) -> tuple[Timing, dict[str, object]]:
+def _measure(
+    streams: int, requests: int, log_dir: Path, busy_client: bool = False
+) -> tuple[Timing, dict[str, object]]:
     log_dir.mkdir()
     # two server processes: the double is not the limit
     with running("--timing-log", str(log_dir), processes=2) as (url, _):
-        records, stats = asyncio.run(_closed_loop(url, streams, requests, 8))
+        records, stats = asyncio.run(_closed_loop(url, streams, requests, 8, busy_client))
     assert all(r.ok for r in records), [r.error for r in records if not r.ok][:3]
     assert stats.max_in_flight == streams
     assert all(r.output_tokens == 8 and r.prompt_tokens == 3 for r in records)
@@ -106,28 +123,53 @@ def _measure(streams: int, requests: int, log_dir: Path) -> tuple[Timing, dict[s
     return timing, judge_client(stats.summary(), timing.ttft_ms, None)
 
 
+def _accurate(timing: Timing) -> bool:
+    return abs(timing.ttft_error_ms) < 2.0 and abs(timing.itl_error_ms) < 0.5
+
+
 def test_64_streams_ttft_and_itl_accurate(tmp_path: Path) -> None:
-    """Up to three measurements: a systematic timing error fails all three, while a burst of
-    CPU contention from the tests before this one (the load average trails by a minute) does
-    not decide the verdict on its own."""
+    """Accuracy is judged only on measurements kvops did not flag (a flagged one says itself
+    that its timing is not to be trusted). Up to three measurements: a systematic timing error
+    fails every unflagged one, while a burst of CPU contention from the tests before this one
+    (the load average trails by a minute) does not decide the verdict on its own. If the client
+    was the bottleneck every time the machine is too busy to judge: skip, or fail in CI."""
+    judged_runs: list[tuple[Timing, dict[str, object]]] = []
     for attempt in range(3):
         timing, judged = _measure(64, 256, tmp_path / f"try{attempt}")
-        if abs(timing.ttft_error_ms) < 2.0 and abs(timing.itl_error_ms) < 0.5:
+        if judged["bottleneck"]:
+            continue
+        judged_runs.append((timing, judged))
+        if _accurate(timing):
             break
-    else:
+    if not judged_runs:
         load, cpus = os.getloadavg()[0], os.cpu_count() or 1
-        if judged["bottleneck"] and load > cpus:
-            pytest.skip(
-                f"host overloaded (load {load:.1f} on {cpus} CPUs): {timing}, flagged by kvops: "
-                f"{judged['bottleneck_reason']}"
-            )
-    assert abs(timing.ttft_error_ms) < 2.0, f"{timing} ({judged})"
-    assert abs(timing.itl_error_ms) < 0.5, f"{timing} ({judged})"
+        unavailable(
+            f"the client was the bottleneck in all 3 runs (load {load:.1f} on {cpus} CPUs): "
+            f"{judged['bottleneck_reason']}"
+        )
+    timing, judged = judged_runs[-1]
+    assert abs(timing.ttft_error_ms) < 2.0, f"unflagged yet wrong: {timing} ({judged})"
+    assert abs(timing.itl_error_ms) < 0.5, f"unflagged yet wrong: {timing} ({judged})"
     # the double kept roughly to its nominal timing: the comparison above was a real one
     assert abs(timing.true_ttft_ms - 50.0) < 10.0 and abs(timing.true_itl_ms - 10.0) < 2.0, timing
 
 
 @pytest.mark.timeout(120)
-def test_512_streams_accurate_or_says_client_bottleneck(tmp_path: Path) -> None:
+def test_512_streams_accurate_unless_flagged(tmp_path: Path) -> None:
+    """At 512 streams on a small host the client may really be the limit: then it must say so
+    (the flag itself is tested below); when it does not, its timing must be right."""
     timing, judged = _measure(512, 1024, tmp_path / "log")
-    assert abs(timing.ttft_error_ms) < 2.0 or judged["bottleneck"], (timing, judged)
+    if not judged["bottleneck"]:
+        assert _accurate(timing), f"unflagged yet wrong: {timing} ({judged})"
+    else:
+        assert "lag" in str(judged["bottleneck_reason"]), judged
+
+
+def test_a_busy_client_flags_itself_and_its_error_is_real(tmp_path: Path) -> None:
+    """The flag is raised when the client's own work delays its timestamps, and the error it
+    warns about is there: TTFT measured late against the instants the double wrote."""
+    timing, judged = _measure(16, 64, tmp_path / "log", busy_client=True)
+    assert judged["bottleneck"] is True, (timing, judged)
+    assert "event-loop lag" in str(judged["bottleneck_reason"]), judged
+    assert float(judged["loop_lag_p99_ms"]) >= 20.0, judged  # type: ignore[arg-type]
+    assert timing.ttft_error_ms > 2.0, timing  # the flag warned of a real error

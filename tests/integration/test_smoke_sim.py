@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from doubles.fixed_delay_server import running
 
 OFFLOAD = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
 
@@ -131,3 +132,48 @@ def test_plain_output_names_the_verdict(extra: list[str], tmp_path: Path) -> Non
         )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "smoke: PASS" in proc.stdout
+
+
+def _event_log_requests(log: Path) -> int:
+    if not log.exists():
+        return 0
+    return sum(json.loads(line)["event"] == "request" for line in log.read_text().splitlines())
+
+
+@pytest.mark.parametrize(
+    ("double_args", "smoke_args", "reason"),
+    [
+        (["--no-metrics"], [], "/metrics answered HTTP 404"),
+        (["--fault", "http500"], [], "failed"),
+        ([], ["--model", "not-served"], "model 'not-served' not served (served: fixed-delay)"),
+    ],
+    ids=["no-metrics", "failed-request", "unserved-model"],
+)
+def test_smoke_that_cannot_judge_exits_2_with_the_reason(
+    double_args: list[str], smoke_args: list[str], reason: str
+) -> None:
+    """Against the fixed-delay double (tests/doubles): no /metrics, a request the server fails,
+    a model it does not serve — each is "could not run" (2) with a one-line reason."""
+    with running(*double_args) as (url, _):
+        code, items, out = smoke("--url", url, *smoke_args)
+    assert code == 2, out
+    assert items == {}
+    assert reason in json.loads(out)["error"], out
+
+
+def test_smoke_ctrl_c_exits_130_without_traceback(tmp_path: Path) -> None:
+    """Interrupted while a request is in flight (the double stalls it), smoke stops at once."""
+    log = tmp_path / "events.jsonl"
+    with running("--fault", "stall", "--event-log", str(log)) as (url, _):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvops", "smoke", "--url", url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while _event_log_requests(log) == 0 and proc.poll() is None:
+            assert time.monotonic() < deadline, "smoke never sent a request"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr

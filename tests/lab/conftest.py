@@ -3,8 +3,8 @@
 ``lab``          session: 3 hosts (kvlab-1..3) shared by the roles' lab tests.
 ``lab_factory``  session: start more, private labs (own slot, own hosts); all torn down at end.
 
-Without root / network namespaces / unshare the lab tier skips with the reason; with
-``CI=true`` it fails instead, because CI must run it.
+Without root / network namespaces / unshare the lab tier skips with the reason; in CI
+(tests/ci_rule.py) it fails instead, because CI must run it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from ci_rule import unavailable
 from lab_harness import LabHosts, LabSession
 
 from kvops.lab.lab import missing_prerequisites
@@ -31,9 +32,7 @@ def _require_lab() -> None:
         + "; ".join(reasons)
         + " (as root, `scripts/system-deps.sh` installs the packages the lab needs)"
     )
-    if os.environ.get("CI") == "true":
-        pytest.fail(message + " (CI=true: the lab tier must run here)", pytrace=False)
-    pytest.skip(message)
+    unavailable(message)
 
 
 @pytest.fixture(scope="session")

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+from ci_rule import unavailable
 from lab_harness import PROBE_ROOTS, LabHosts
 from site_lab import (
     EXPORT,
@@ -52,7 +52,7 @@ STACK_CHECKS = (
     "GDS-034", "GDS-040", "GDS-041", "GDS-042", "GDS-080", "GDS-081", "GDS-082",
 )  # fmt: skip
 INFERENCE_CHECKS = (
-    "GDS-060", "GDS-061", "GDS-062", "GDS-063", "GDS-064", "GDS-065",
+    "GDS-060", "GDS-061", "GDS-062", "GDS-063", "GDS-064", "GDS-065", "GDS-066",
     "GDS-070", "GDS-071", "GDS-072", "GDS-073",
 )  # fmt: skip
 
@@ -114,7 +114,7 @@ def test_validate_vars_match_the_lab_and_the_roles() -> None:
 
 def test_validate_healthy_and_deliberately_wrong_hosts(lab: LabHosts, tmp_path: Path) -> None:
     if WRONG not in lab.names:
-        pytest.skip(f"needs a third lab host {WRONG} (KVOPS_LAB_HOSTS >= 3), has {lab.names}")
+        unavailable(f"needs a third lab host {WRONG} (KVOPS_LAB_HOSTS >= 3), has {lab.names}")
     converged(lab)
     healthy, compat = converge_hosts(lab)
     provision_wrong_host(lab, tmp_path)

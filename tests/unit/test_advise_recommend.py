@@ -108,4 +108,5 @@ def test_ctrl_c_exits_130_without_traceback(monkeypatch: pytest.MonkeyPatch) -> 
 def test_unreachable_setup_is_a_one_line_error() -> None:
     result = CliRunner().invoke(main, ["advise", "unique-one-shot", "--model", "llama-3.1-70b"])
     assert result.exit_code == 2
-    assert result.output.startswith("Error: cannot simulate this setup: no memory left")
+    assert result.output.startswith("kvops advise trace: error: cannot simulate this setup: no")
+    assert result.output.count("\n") == 1  # one line, no traceback

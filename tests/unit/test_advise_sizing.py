@@ -131,4 +131,5 @@ def test_cli_model_too_big_exits_2_with_one_line() -> None:
     args = ["advise", "sizing", "--prefix-tokens", "1", "--num-prefixes", "1"]
     result = CliRunner().invoke(main, [*args, "--model", "llama-3.1-70b"])
     assert result.exit_code == 2
-    assert result.output.strip().startswith("Error: no memory left for the KV cache")
+    assert result.output.startswith("kvops advise sizing: error: no memory left for the KV cache")
+    assert result.output.count("\n") == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -244,3 +245,27 @@ def test_comma_host_list_and_unrendered_templates() -> None:
     }
     (h,) = hosts_from_list(data)
     assert h.warnings and "ansible_host" in h.warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "message"),
+    [
+        ("kvops_probe_command_timeout_s", "20s", "command_timeout_s = '20s' is not a number"),
+        ("kvops_probe_bench_timeout_s", -1, "must be >= 0.1"),
+        ("kvops_gdsio_threads", "eight", "kvops_gdsio_threads = 'eight' is not a whole number"),
+        ("ansible_port", "22x", "ansible_port = '22x' is not a whole number"),
+        ("ansible_port", 70000, "is not a TCP port"),
+        ("ansible_ssh_common_args", "-J jump:ssh", "port 'ssh' is not a TCP port"),
+    ],
+)
+def test_bad_values_are_usage_errors_naming_host_and_variable(
+    var: str, value: Any, message: str
+) -> None:
+    host = InventoryHost("gpu-07", vars={var: value})
+    with pytest.raises(InventoryError) as caught:
+        probe_options(host)
+        probe_settings(host)
+        assert host.port and host.jumps is not None
+    assert message in str(caught.value) and caught.value.rc == 2
+    if var != "ansible_ssh_common_args":  # a hop is named by itself
+        assert str(caught.value).startswith("gpu-07: ")

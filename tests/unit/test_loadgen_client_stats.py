@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,23 @@ def test_dispatch_lag_is_judged_against_e2el() -> None:
     assert judge_client(s, None, mean_e2el_ms=60_000.0)["bottleneck"] is False
 
 
-def test_auto_workers() -> None:
+def test_auto_workers_spread_256_streams_and_more_over_the_cpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One event loop up to 255 streams; from 256 one worker per CPU, at most 4."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
     assert auto_workers([spec_from_dict({"batch_size": 40})]) == 1
-    assert auto_workers([spec_from_dict({"batch_size": 512})]) >= 1
+    assert auto_workers([spec_from_dict({"batch_size": 255})]) == 1
+    assert auto_workers([spec_from_dict({"batch_size": 256})]) == 4
+    assert (
+        auto_workers([spec_from_dict({"batch_size": 8}), spec_from_dict({"batch_size": 512})]) == 4
+    )
     assert auto_workers([spec_from_dict({"rate": 5.0, "max_concurrency": 8})]) == 1
+    assert auto_workers([spec_from_dict({"rate": 50.0, "max_concurrency": 300})]) == 4
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert auto_workers([spec_from_dict({"batch_size": 512})]) == 2
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert auto_workers([spec_from_dict({"batch_size": 512})]) == 1
 
 
 def test_plots_degrade_with_a_note_without_matplotlib(

@@ -20,6 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "doubles"))
 
+from old_pythons import oldest_supported_python
 from recorded_host_double import FIXTURES, build_recorded_tree
 
 from kvops import evidence as ev
@@ -29,7 +30,7 @@ from kvops.probe import core, system
 from kvops.probe.bundle import build_program
 from kvops.probe.main import collect
 
-PY38 = Path.home() / ".pyenv/versions/3.8.18/bin/python3.8"
+OLDEST_PYTHON, _ = oldest_supported_python()
 RECORDED = {
     "ibdev2netdev": "misc/ibdev2netdev-dgx-a100-nvidia-docs.txt",
     "show_gids": "misc/show_gids-mlx5.txt",
@@ -129,10 +130,15 @@ def test_topo_is_not_run_after_nvidia_smi_timed_out(tmp_path: Path) -> None:
     assert "exit_code" not in topo and topo["duration_s"] == 0.0
 
 
-@pytest.mark.skipif(not PY38.exists(), reason="pyenv Python 3.8 not installed")
-def test_shipped_program_records_the_tools_on_python_3_8(host: dict[str, Any]) -> None:
+def test_shipped_program_records_the_tools_on_the_oldest_python_here(
+    host: dict[str, Any],
+) -> None:
     proc = subprocess.run(
-        [str(PY38), "-"], input=build_program(host), capture_output=True, text=True, timeout=60
+        [str(OLDEST_PYTHON), "-"],
+        input=build_program(host),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     items = json.loads(proc.stdout)["items"]

@@ -7,6 +7,9 @@ import json
 
 import pytest
 
+from kvops.checks import CATALOG, Finding, Severity
+from kvops.checks.model import finding
+from kvops.report.findings import to_junit
 from kvops.smoke import (
     EXTERNAL_HITS,
     EXTERNAL_QUERIES,
@@ -18,10 +21,12 @@ from kvops.smoke import (
     MetricsSnapshot,
     RequestResult,
     SmokeEvidence,
-    SmokeItem,
+    as_fleet,
     exit_code,
+    item_name,
     judge,
     overall,
+    report_dict,
 )
 
 PROMPT = 2048
@@ -79,20 +84,20 @@ def lmcache_evidence(**over: object) -> SmokeEvidence:
     return dataclasses.replace(ev, **over)  # type: ignore[arg-type]
 
 
-def by_name(items: list[SmokeItem]) -> dict[str, SmokeItem]:
-    return {i.name: i for i in items}
+def by_name(items: list[Finding]) -> dict[str, Finding]:
+    return {item_name(i): i for i in items}
 
 
 def test_connector_engine_passes_and_lmcache_items_skip_with_reason() -> None:
     items = by_name(judge(connector_evidence()))
-    assert items["offload"].status == "PASS"
-    assert items["stored_tokens"].status == "SKIP"
+    assert items["offload"].severity == "PASS"
+    assert items["stored_tokens"].severity == "SKIP"
     assert items["stored_tokens"].message == "no LMCache metrics: not an LMCache engine"
-    assert items["retrieved_tokens"].status == "SKIP"
-    assert items["external_hits"].status == "PASS"
+    assert items["retrieved_tokens"].severity == "SKIP"
+    assert items["external_hits"].severity == "PASS"
     assert "1,920 tokens" in items["external_hits"].message
-    assert items["ttft"].status == "PASS"
-    assert items["chunk_files"].status == "PASS"
+    assert items["ttft"].severity == "PASS"
+    assert items["chunk_files"].severity == "PASS"
     assert "connector files" in items["chunk_files"].message
     assert overall(list(items.values())) == "PASS"
     assert exit_code(list(items.values())) == 0
@@ -100,7 +105,7 @@ def test_connector_engine_passes_and_lmcache_items_skip_with_reason() -> None:
 
 def test_lmcache_engine_passes_every_item() -> None:
     items = judge(lmcache_evidence())
-    assert [i.status for i in items] == ["PASS"] * 7
+    assert [i.severity for i in items] == ["PASS"] * 7
     named = by_name(items)
     assert "LMCache chunk files" in named["chunk_files"].message
     assert "2,048 tokens" in named["stored_tokens"].message
@@ -118,11 +123,11 @@ def test_engine_without_offload_fails_with_offload_not_configured() -> None:
     )
     items = judge(ev)
     named = by_name(items)
-    assert named["offload"].status == "FAIL"
+    assert named["offload"].severity == "FAIL"
     assert named["offload"].message.startswith("offload not configured")
-    assert named["external_hits"].status == "FAIL"
-    assert named["ttft"].status == "FAIL"
-    assert named["chunk_files"].status == "FAIL"
+    assert named["external_hits"].severity == "FAIL"
+    assert named["ttft"].severity == "FAIL"
+    assert named["chunk_files"].severity == "FAIL"
     assert exit_code(items) == 1
 
 
@@ -130,22 +135,22 @@ def test_missing_external_metric_is_offload_not_configured_and_hits_skip() -> No
     bare = MetricsSnapshot({}, False)
     ev = connector_evidence(before=bare, after_first=bare, before_resend=bare, after_resend=bare)
     named = by_name(judge(ev))
-    assert named["offload"].status == "FAIL"
+    assert named["offload"].severity == "FAIL"
     assert "no vllm:external_prefix_cache_queries metric" in named["offload"].message
-    assert named["external_hits"].status == "SKIP"
+    assert named["external_hits"].severity == "SKIP"
 
 
 def test_prompt_still_resident_fails_eviction() -> None:
     ev = connector_evidence(after_resend=snap(ext_q=2 * PROMPT, ext_h=0, local_h=1920))
     named = by_name(judge(ev))
-    assert named["eviction"].status == "FAIL"
+    assert named["eviction"].severity == "FAIL"
     assert "still in GPU memory" in named["eviction"].message
 
 
 def test_no_way_to_evict_fails_eviction_with_the_reason() -> None:
     ev = connector_evidence(eviction=Eviction("none", "no /reset_prefix_cache and no KV capacity"))
     named = by_name(judge(ev))
-    assert named["eviction"].status == "FAIL"
+    assert named["eviction"].severity == "FAIL"
     assert "no /reset_prefix_cache" in named["eviction"].message
 
 
@@ -154,7 +159,7 @@ def test_no_way_to_evict_fails_eviction_with_the_reason() -> None:
 )
 def test_ttft_needs_a_clear_drop(resend_ms: float, status: str) -> None:
     ev = connector_evidence(resends=(RequestResult(resend_ms, PROMPT, 0),))
-    assert by_name(judge(ev))["ttft"].status == status
+    assert by_name(judge(ev))["ttft"].severity == status
 
 
 def test_ttft_message_reads_plainly() -> None:
@@ -179,7 +184,7 @@ def test_ttft_is_judged_on_medians_so_one_slow_request_cannot_decide() -> None:
     warm = tuple(RequestResult(ms, PROMPT, 0) for ms in (155.0, 149.0, 158.0))  # no offload
     ev = connector_evidence(first_sends=cold, resends=warm)
     item = by_name(judge(ev))["ttft"]
-    assert item.status == "FAIL"
+    assert item.severity == "FAIL"
     assert "160.0 ms cold → 155.0 ms" in item.message
     assert (
         "3 x 2,048-token prompts"
@@ -189,22 +194,22 @@ def test_ttft_is_judged_on_medians_so_one_slow_request_cannot_decide() -> None:
 
 def test_ttft_margin_is_configurable() -> None:
     ev = connector_evidence(resends=(RequestResult(200.0, PROMPT, 0),))
-    assert by_name(judge(ev, min_ttft_drop=0.5))["ttft"].status == "FAIL"
-    assert by_name(judge(ev, min_ttft_drop=0.1))["ttft"].status == "PASS"
+    assert by_name(judge(ev, min_ttft_drop=0.5))["ttft"].severity == "FAIL"
+    assert by_name(judge(ev, min_ttft_drop=0.1))["ttft"].severity == "PASS"
 
 
 def test_chunk_files_skip_without_dir_and_fail_without_new_files() -> None:
-    assert by_name(judge(connector_evidence(gds_dir=None)))["chunk_files"].status == "SKIP"
+    assert by_name(judge(connector_evidence(gds_dir=None)))["chunk_files"].severity == "SKIP"
     ev = connector_evidence(files_before_count=3, files_after_count=3, new_files=())
     item = by_name(judge(ev))["chunk_files"]
-    assert item.status == "FAIL"
+    assert item.severity == "FAIL"
     assert "none new" in item.message
 
 
 def test_bad_lmcache_header_fails_chunk_files() -> None:
     bad = (ChunkFile("/data/kv/12/34/k.kvcache.safetensors", 100, "lmcache", False),)
     item = by_name(judge(lmcache_evidence(new_files=bad)))["chunk_files"]
-    assert item.status == "FAIL"
+    assert item.severity == "FAIL"
     assert "bad header" in item.message
 
 
@@ -213,9 +218,9 @@ def test_lmcache_counters_that_did_not_rise_fail() -> None:
     named = by_name(
         judge(lmcache_evidence(after_first=still, before_resend=still, after_resend=still))
     )
-    assert named["stored_tokens"].status == "FAIL"
-    assert named["retrieved_tokens"].status == "FAIL"
-    assert named["offload"].status == "PASS"  # LMCache is there, it just did nothing
+    assert named["stored_tokens"].severity == "FAIL"
+    assert named["retrieved_tokens"].severity == "FAIL"
+    assert named["offload"].severity == "PASS"  # LMCache is there, it just did nothing
 
 
 def test_evidence_round_trips_through_json() -> None:
@@ -225,5 +230,34 @@ def test_evidence_round_trips_through_json() -> None:
 
 
 def test_overall_of_only_skips_is_skip() -> None:
-    assert overall([SmokeItem("a", "SKIP", "x")]) == "SKIP"
-    assert exit_code([SmokeItem("a", "SKIP", "x")]) == 0
+    assert overall([finding("GDS-206", Severity.SKIP, "x")]) == "SKIP"
+    assert exit_code([finding("GDS-206", Severity.SKIP, "x")]) == 0
+
+
+def test_every_item_is_a_catalog_finding_with_a_remedy_when_it_fails() -> None:
+    flat = snap(ext_q=0, ext_h=0, local_h=0)
+    failed = judge(connector_evidence(after_resend=flat, new_files=()))
+    for item in judge(lmcache_evidence()) + failed:
+        info = CATALOG[item.check_id]
+        assert info.concern == "smoke" and item.title == info.title
+        assert bool(item.remedy) == (item.severity is Severity.FAIL)
+    assert [i.check_id for i in failed] == [f"GDS-20{n}" for n in range(7)]
+
+
+def test_smoke_reports_in_validates_shapes() -> None:
+    ev = connector_evidence(new_files=())
+    items = judge(ev)
+    doc = {**as_fleet(ev.url, items).to_dict(), **report_dict(ev, items)}
+    assert doc["exit_code"] == 1 and doc["status"] == "FAIL"
+    host = doc["hosts"][ev.url]
+    assert host["status"] == "FAIL"
+    assert {f["check_id"]: f["severity"] for f in host["findings"]}["GDS-206"] == "FAIL"
+    assert doc["items"][6] == {
+        "name": "chunk_files",
+        "status": "FAIL",
+        "message": by_name(items)["chunk_files"].message,
+    }
+    assert SmokeEvidence.from_dict(doc["evidence"]) == ev
+    junit = to_junit(as_fleet(ev.url, items), suite_name="kvops-smoke")
+    assert 'name="GDS-206 New chunk files in the storage directory"' in junit
+    assert junit.count("<failure") == 1 and junit.count("<skipped") == 2

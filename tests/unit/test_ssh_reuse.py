@@ -112,24 +112,96 @@ def test_a_key_that_needs_a_passphrase_is_left_to_paramiko(tmp_path: Path) -> No
     assert ssh._private_key(str(tmp_path / "missing")) is None
 
 
+class RecordingEvent(threading.Event):
+    """An Event that records the timeouts it was waited on with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return super().wait(timeout)
+
+
 class EofChannel:
     """TEST DOUBLE of a paramiko Channel after the host's EOF, before its exit status."""
 
     eof_received = True
 
     def __init__(self) -> None:
-        self.status_event = threading.Event()
+        self.status_event = RecordingEvent()
 
     def fileno(self) -> int:  # pragma: no cover - must not be selected on after EOF
         raise AssertionError("select on a channel at EOF returns at once: a busy loop")
 
 
-def test_after_eof_the_wait_blocks_until_the_exit_status() -> None:
+def test_after_eof_the_wait_blocks_on_the_exit_status_event() -> None:
+    """After EOF the wait is on the exit-status event (woken the instant paramiko sets it),
+    capped at 0.5 s, never a select on the channel (which would spin) or a plain sleep. Judged
+    by what was waited on, not by wall-clock bounds a loaded machine could break."""
     chan = EofChannel()
-    start = time.monotonic()
-    ssh._wait_for(chan, 0.2)  # type: ignore[arg-type]
-    assert time.monotonic() - start >= 0.19  # blocked, did not spin
-    threading.Timer(0.05, chan.status_event.set).start()
-    start = time.monotonic()
+    ssh._wait_for(chan, 0.01)  # type: ignore[arg-type]
     ssh._wait_for(chan, 5)  # type: ignore[arg-type]
-    assert time.monotonic() - start < 0.4  # woke on the exit status (waits are capped at 0.5 s)
+    assert chan.status_event.waits == [0.01, 0.5]
+
+
+@needs_keygen
+def test_marker_lines_do_not_break_known_hosts_and_revoked_keys_are_refused(
+    tmp_path: Path,
+) -> None:
+    """`@cert-authority`/`@revoked` lines made paramiko's loader raise for every host."""
+    ed = keygen(tmp_path / "ed", "ed25519")
+    ca = keygen(tmp_path / "ca", "ed25519")
+    bad = keygen(tmp_path / "bad", "ed25519")
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        f"@cert-authority *.gpu.example.com,!skip.gpu.example.com {ca}\n"
+        f"gpu-01 {ed}\n"
+        f"@revoked * {bad}\n"
+        "gpu-02 ssh-ed25519 not-base64!\n"
+    )
+    assert [t for t, _ in ssh._known_host_entries(known, "gpu-01")] == ["ssh-ed25519"]
+    parsed = ssh._known_hosts(known)
+    assert parsed.skipped_lines == [4]
+    assert parsed.authority_for("n1.gpu.example.com")
+    assert not parsed.authority_for("skip.gpu.example.com")
+    revoked_key = paramiko.Ed25519Key.from_private_key_file(str(tmp_path / "bad"))
+    policy = ssh._KnownHostsPolicy(known, accept_new=True)
+    with pytest.raises(ssh.HostKeyRefused, match="@revoked"):
+        policy.missing_host_key(paramiko.SSHClient(), "gpu-09", revoked_key)
+    unlisted = paramiko.Ed25519Key.from_private_key_file(str(tmp_path / "ed"))
+    strict = ssh._KnownHostsPolicy(known, accept_new=False)
+    with pytest.raises(ssh.HostKeyRefused, match=r"@cert-authority for n1\.gpu\.example\.com"):
+        strict.missing_host_key(paramiko.SSHClient(), "n1.gpu.example.com", unlisted)
+
+
+def test_jump_hosts_use_their_own_credentials_never_the_targets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvops.inventory import InventoryHost
+
+    bastion = InventoryHost(
+        "bastion",
+        vars={"ansible_host": "10.0.0.9", "ansible_ssh_private_key_file": "/keys/bastion"},
+    )
+    target = InventoryHost(
+        "gpu-01",
+        vars={
+            "ansible_password": "target-secret",
+            "ansible_ssh_private_key_file": "/keys/target",
+            "ansible_ssh_common_args": "-J ops@10.0.0.9,other-jump:2222",
+        },
+    )
+    target.jump_hosts = [bastion, target]
+    first, second = target.jumps
+    assert ssh._hop_credentials(first) == ssh.Credentials("/keys/bastion", None)
+    assert first.user == "ops"
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/config: agent/default keys only
+    assert ssh._hop_credentials(second) == ssh.Credentials(None, None)
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / "jumpkey").write_text("")
+    (tmp_path / ".ssh" / "config").write_text(
+        f"Host other-jump\n  IdentityFile {tmp_path}/jumpkey\n"
+    )
+    assert ssh._hop_credentials(second) == ssh.Credentials(str(tmp_path / "jumpkey"), None)

@@ -1,0 +1,265 @@
+"""What the probe may not do on a host: run the service's code, hand tools the service's
+environment, write where a link points, leak secrets, or hang on a dead storage path.
+
+Tools here are test doubles written into tmp_path (shell scripts that report what they saw).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvops import evidence as ev
+from kvops.probe import storage
+from kvops.probe.core import Probe, in_child
+from kvops.probe.main import collect
+from kvops.probe.redact import REDACTED, redact_argv, redact_env, redact_text
+from kvops.probe.service import collect_lmcache_version
+from kvops.validate import EvidenceError, load_evidence, save_evidence
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
+
+
+# --- the redactor ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("ExecStart=/opt/vllm/bin/vllm serve m --api-key sk-live-123 --port 8000", "sk-live-123"),
+        ("ExecStart=/opt/vllm/bin/vllm serve m --api-key=sk-live-123", "sk-live-123"),
+        ("api_key: hunter2\nchunk_size: 256\n", "hunter2"),
+        ("remote_url: redis://admin:hunter2@cache:6379\n", "admin:hunter2"),
+        ("Environment=HTTPS_PROXY=http://u:pw@proxy:3128 LC_ALL=C", "u:pw"),
+        ("LMCACHE_REMOTE_URL=redis://u:pw@cache:6379", "u:pw"),
+        ("Environment=REDIS_PASS=s3cret", "s3cret"),
+        ("Environment=DATABASE_URL=postgres://app:pw@db/x", "app:pw"),
+        ("Environment=DATABASE_URL=sqlite:///x.db", "sqlite:///x.db"),
+        ('{"kv_connector":"X","kv_connector_extra_config":{"api_key":"k-9"}}', "k-9"),
+        ("Environment=HF_TOKEN='hf_abc def'", "hf_abc"),
+    ],
+)
+def test_redactor_hides_each_secret_form(text: str, secret: str) -> None:
+    out = redact_text(text)
+    assert secret not in out and REDACTED in out
+    assert redact_text(out) == out  # idempotent: redacting twice changes nothing
+
+
+def test_redactor_keeps_ordinary_settings_readable() -> None:
+    text = "--max-num-batched-tokens 8192 --tokenizer /m iommu=pt chunk_size: 256 passthrough=1"
+    assert redact_text(text) == text
+
+
+def test_redact_env_and_argv() -> None:
+    env = redact_env({"REDIS_PASS": "x", "PROXY": "http://u:p@h:1", "PATH": "/usr/bin"})
+    assert env == {"REDIS_PASS": REDACTED, "PROXY": f"http://{REDACTED}@h:1", "PATH": "/usr/bin"}
+    kv = json.dumps({"kv_connector": "LMCacheConnectorV1", "api_key": "k-1"})
+    argv = redact_argv(["vllm", "serve", "--api-key", "sk", "--kv-transfer-config", kv])
+    assert argv[3] == REDACTED and "k-1" not in argv[5]
+    assert json.loads(argv[5])["kv_connector"] == "LMCacheConnectorV1"
+
+
+# --- versions are read, never executed -----------------------------------------------------
+def test_lmcache_version_comes_from_metadata_without_running_the_service_python(
+    tmp_path: Path,
+) -> None:
+    venv = tmp_path / "venv"
+    marker = tmp_path / "executed"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python3"
+    python.write_text(f"#!/bin/sh\ntouch {marker}\necho 9.9.9\n")
+    python.chmod(0o755)
+    info = venv / "lib" / "python3.11" / "site-packages" / "lmcache-0.5.6.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lmcache\nVersion: 0.5.6\n\nx\n")
+    (info.parent / "evil.pth").write_text(f"import os; os.system('touch {marker}')\n")
+    probe = Probe({})
+    collect_lmcache_version(probe, [str(python), "-m", "vllm"], {}, {}, 0)
+    item = probe.items[ev.LMCACHE_VERSION]
+    assert item["source"] == str(info / "METADATA")
+    assert item["stdout"] == "Name: lmcache\nVersion: 0.5.6\n"
+    assert not marker.exists()
+
+
+def test_missing_lmcache_says_where_it_looked(tmp_path: Path) -> None:
+    probe = Probe({})
+    collect_lmcache_version(probe, [str(tmp_path / "bin" / "python3")], {}, {}, 0)
+    item = probe.items[ev.LMCACHE_VERSION]
+    assert item["error"].startswith("ENOENT") and str(tmp_path) in item["error"]
+
+
+# --- tools: clean environment, explicit config, private log/working directory --------------
+def _tool(directory: Path, name: str, body: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+def test_tools_get_a_clean_env_and_a_private_dir_removed_afterwards(tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    _tool(tools, "gdscheck", 'echo "cwd=$(pwd)"; env; echo log > cufile.log\n')
+    evil = tmp_path / "evil.json"
+    evil.write_text("{}")
+    evil.chmod(0o666)  # anyone may write it: root must not read it on the service's word
+    probe = Probe({"tool_dirs": [str(tools)]})
+    service_env = {"CUFILE_ENV_PATH_JSON": str(evil), "CUFILE_LOGFILE_PATH": "/tmp/clobber"}
+    os.environ["KVOPS_TEST_SECRET_IN_PROBE_ENV"] = "leak"
+    try:
+        storage.collect_gds(probe, {}, {"env": service_env})
+    finally:
+        del os.environ["KVOPS_TEST_SECRET_IN_PROBE_ENV"]
+    workdir = probe.workdir()
+    probe.close()
+    out = probe.items[ev.GDSCHECK]["stdout"]
+    assert "KVOPS_TEST_SECRET_IN_PROBE_ENV" not in out and "/tmp/clobber" not in out
+    assert "CUFILE_ENV_PATH_JSON=/etc/cufile.json" in out
+    assert f"CUFILE_LOGFILE_PATH={workdir}/cufile.log" in out and f"cwd={workdir}" in out
+    assert not Path(workdir).exists() and not Path("cufile.log").exists()
+    assert "not read" in probe.items[ev.CUFILE_JSON]["note"]
+
+
+# --- the storage bench -----------------------------------------------------------------------
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory other users can reach (pytest's tmp_path is root-only)."""
+    path = Path(tempfile.mkdtemp(prefix="kvops-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@ROOT_ONLY
+def test_bench_never_follows_a_planted_link_runs_as_the_service_user_and_cleans_up(
+    shared_dir: Path,
+) -> None:
+    tmp_path = shared_dir
+    gds = tmp_path / "gds"
+    gds.mkdir()
+    gds.chmod(0o777)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (gds / "kvops-gdsio").symlink_to(elsewhere)  # planted by someone with access to the dir
+    stale = gds / "kvops-gdsio-old123"
+    stale.mkdir()
+    (stale / "file").write_text("left by a killed run")
+    nobody = pwd.getpwnam("nobody")
+    for path in (stale, stale / "file"):
+        os.chown(path, nobody.pw_uid, nobody.pw_gid)  # made by the bench user that run
+    tools = tmp_path / "tools"
+    _tool(tools, "gdsio", 'echo "user=$(id -un) cwd=$(pwd)"; touch "$2/written"\n')
+    probe = Probe({"tool_dirs": [str(tools)]})
+    settings = {"gds_dir": str(gds), "storage_bench": True}
+    storage.bench(probe, settings, "/etc/cufile.json", "nobody")
+    probe.close()
+    write = probe.items[ev.GDSIO_WRITE]
+    target = write["source"][write["source"].index("-D") + 1]
+    assert "user=nobody" in write["stdout"] and write["run_as"] == "nobody"
+    assert Path(target).parent == gds and Path(target).name.startswith("kvops-gdsio-")
+    assert probe.items[ev.BENCH_DIR]["data"]["stale_removed"] == [str(stale)]
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
+    assert sorted(p.name for p in gds.iterdir()) == ["kvops-gdsio"]  # only the link remains
+
+
+def test_bench_not_run_when_its_directory_cannot_be_made(tmp_path: Path) -> None:
+    probe = Probe({})
+    settings = {"gds_dir": str(tmp_path / "missing"), "storage_bench": True}
+    storage.bench(probe, settings, "/etc/cufile.json", None)
+    assert probe.items[ev.BENCH_DIR]["error"].startswith("bench directory:")
+    assert probe.items[ev.GDSIO_WRITE]["error"].startswith("not run: bench directory")
+
+
+# --- a storage path that stops answering ---------------------------------------------------
+def _hang(*_args: Any) -> dict[str, Any]:
+    time.sleep(60)
+    return {}
+
+
+def test_in_child_gives_up_on_a_call_that_hangs() -> None:
+    result, error = in_child(lambda: _hang(), 0.3)
+    assert result is None and error == "did not answer in 0.3 s"
+    assert in_child(lambda: {"ok": 1}, 5) == ({"ok": 1}, None)
+    result, error = in_child(lambda: 1 / 0, 5)
+    assert result is None and "ZeroDivisionError" in str(error)
+
+
+def test_hung_gds_dir_still_gives_platform_evidence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage, "summarize_dir", _hang)  # the forked child inherits it
+    config = {
+        "command_timeout_s": 0.5,
+        "deadline_s": 30,
+        "settings": {"gds_dir": str(tmp_path), "vllm_url": "http://127.0.0.1:9"},
+    }
+    doc = collect(config)
+    item = doc["items"][ev.GDS_DIR]
+    assert item["error"] == f"GDS directory {tmp_path} did not answer in 0.5 s"
+    assert item["data"]["exists"] is None
+    assert doc["items"][ev.MOUNTS]["error"] is None  # the platform evidence is all there
+    assert ev.HTTP_METRICS in doc["items"]
+
+
+# --- saved evidence ------------------------------------------------------------------------
+def test_saved_evidence_is_private_and_a_host_twice_is_an_error(tmp_path: Path) -> None:
+    bundle = tmp_path / "ev"
+    (paths,) = [save_evidence(bundle, [{"host": "gpu-1", "items": {}}])]
+    assert stat.S_IMODE(bundle.stat().st_mode) == 0o700
+    assert stat.S_IMODE(paths[0].stat().st_mode) == 0o600
+    (bundle / "copy.json").write_text(json.dumps({"host": "gpu-1", "items": {}}))
+    with pytest.raises(EvidenceError, match="host 'gpu-1' already read from"):
+        load_evidence(bundle)
+    with pytest.raises(EvidenceError, match="map to it"):
+        save_evidence(tmp_path / "b", [{"host": "a/b"}, {"host": "a_b"}])
+
+
+def test_saving_does_not_follow_a_planted_link(tmp_path: Path) -> None:
+    bundle = tmp_path / "ev"
+    bundle.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (bundle / "gpu-1.json").symlink_to(victim)
+    with pytest.raises(EvidenceError, match="cannot write"):
+        save_evidence(bundle, [{"host": "gpu-1"}])
+    assert victim.read_text() == "keep"
+
+
+def test_nobody_exists_for_the_user_switch_tests() -> None:
+    assert pwd.getpwnam("nobody").pw_uid != 0
+
+
+def test_gds_dir_and_lmcache_gds_paths_are_resolved_in_the_child(tmp_path: Path) -> None:
+    real = tmp_path / "nfs" / "kv"
+    real.mkdir(parents=True)
+    link = tmp_path / "kv"
+    link.symlink_to(real)
+    probe = Probe({})
+    probe.items["lmcache_config"] = {"stdout": f"chunk_size: 256\ngds_path: '{link}'  # link\n"}
+    storage.gds_dir(probe, str(link), None, {"LMCACHE_GDS_PATH": f"{link},relative"})
+    resolved = probe.items[ev.GDS_DIR]["data"]["resolved_paths"]
+    assert resolved == {str(link): str(real)}
+
+
+def test_launch_files_are_read_as_text_never_run(tmp_path: Path) -> None:
+    from kvops.probe.service import collect_launch_files
+
+    marker = tmp_path / "ran"
+    script = tmp_path / "run-vllm.sh"
+    script.write_text(f"#!/bin/sh\ntouch {marker}\nexec vllm serve m --api-key sk-1\n")
+    script.chmod(0o755)
+    config = tmp_path / "serve.yaml"
+    config.write_text("api-key: sk-2\nkv-transfer-config: '{}'\n")
+    probe = Probe({})
+    collect_launch_files(probe, [["/bin/bash", str(script)], ["vllm", "--config", str(config)]], 0)
+    assert "sk-1" not in probe.items[ev.VLLM_WRAPPER]["stdout"]
+    assert "kv-transfer-config" in probe.items[ev.VLLM_CONFIG_FILE]["stdout"]
+    assert "sk-2" not in probe.items[ev.VLLM_CONFIG_FILE]["stdout"]
+    assert not marker.exists()
