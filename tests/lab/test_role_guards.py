@@ -263,21 +263,3 @@ def test_a_stack_change_rebuilds_nvidia_fs_and_the_gate_reboots(
         assert "nvidia_fs: Mellanox PeerDirect Supported: True" in proc.stdout
     finally:
         _apt(guard, "purge", *_GDS_ALL, *_DOCA_ALL)
-
-
-def test_nvidia_driver_refuses_unsigned_dkms_modules_under_secure_boot(
-    guard: LabHosts, tmp_path: Path
-) -> None:
-    _apt(guard, "install", "mokutil")
-    guard.write_file(HOST, "/etc/kvops-test-doubles/secure-boot", "enabled\n")
-    try:
-        proc = run_role(guard, tmp_path, "nvidia_driver", limit=HOST)
-        assert proc.returncode != 0, explain(proc)
-        msg = failure_messages(proc)
-        assert "Secure Boot is enabled" in msg
-        assert "linux-modules-nvidia-580-open-generic" in msg  # the signed precompiled path
-        assert "nvidia_driver_secure_boot_mok_enrolled" in msg  # the MOK path
-        assert not _installed(guard, "nvidia-driver-580-open")
-    finally:
-        guard.ssh(HOST, ["rm", "-f", "/etc/kvops-test-doubles/secure-boot"], sudo=True)
-        _apt(guard, "purge", "mokutil")
