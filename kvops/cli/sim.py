@@ -34,6 +34,21 @@ def _check_profiles(model: str, gpu: str, storage: str) -> None:
             raise click.BadParameter(str(exc), param_hint=hint) from exc
 
 
+# The connector names that load LMCache in-process: vLLM's built-in one, and the version-proof
+# Dynamic form that loads LMCache's own module (https://docs.vllm.ai/en/latest/features/
+# disagg_prefill.html, "kv_connector_module_path").
+_LMCACHE_DYNAMIC_MODULE = "lmcache.integration.vllm.lmcache_connector_v1"
+
+
+def _is_lmcache_connector(config: dict[str, Any]) -> bool:
+    if config.get("kv_connector") == "LMCacheConnectorV1":
+        return True
+    return (
+        config.get("kv_connector") == "LMCacheConnectorV1Dynamic"
+        and config.get("kv_connector_module_path") == _LMCACHE_DYNAMIC_MODULE
+    )
+
+
 def _offload_settings(kv_transfer_config: str | None) -> tuple[bool, LMCacheSettings]:
     if not kv_transfer_config:
         return False, LMCacheSettings()
@@ -45,7 +60,7 @@ def _offload_settings(kv_transfer_config: str | None) -> tuple[bool, LMCacheSett
         ) from exc
     if not isinstance(config, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--kv-transfer-config")
-    if config.get("kv_connector") != "LMCacheConnectorV1":
+    if not _is_lmcache_connector(config):
         return False, LMCacheSettings()
     extra = config.get("kv_connector_extra_config") or {}
     try:
@@ -61,6 +76,7 @@ def sim() -> None:
 
 
 @sim.command()
+@click.argument("model_tag", required=False)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option(
@@ -89,7 +105,8 @@ def sim() -> None:
 @click.option(
     "--kv-transfer-config",
     default=None,
-    help='JSON; offload is on iff kv_connector is "LMCacheConnectorV1".',
+    help='JSON; offload is on iff the connector is LMCache ("LMCacheConnectorV1", or '
+    '"LMCacheConnectorV1Dynamic" with LMCache\'s kv_connector_module_path).',
 )
 @click.option(
     "--time-scale",
@@ -115,18 +132,27 @@ def sim() -> None:
 @click.option("--dtype", default="auto", help="Accepted for vLLM compatibility; ignored.")
 @click.option("--enforce-eager", is_flag=True, help="Accepted for vLLM compatibility; ignored.")
 @click.option("--disable-log-requests", is_flag=True, help="Accepted; ignored.")
+@click.option(
+    "--shutdown-timeout", default=0, type=int, help="Accepted for vLLM compatibility; ignored."
+)
 def serve(**opts: Any) -> None:
     """Serve the OpenAI API over the simulated engine until interrupted.
 
     \b
+    MODEL_TAG, as in `vllm serve MODEL`, is the model profile (it overrides --model).
+
+    \b
     Examples:
       kvops sim serve --port 8000 --time-scale 0.05
+      kvops sim serve llama-3.1-8b --port 8000
       LMCACHE_CONFIG_FILE=lmcache.yaml kvops sim serve \\
         --kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
     """
     from kvops.sim.server import ServerConfig
     from kvops.sim.server import serve as run_server
 
+    if opts["model_tag"]:
+        opts["model"] = opts["model_tag"]
     _check_profiles(opts["model"], opts["gpu"], opts["storage"])
     if opts["time_scale"] <= 0:
         raise click.BadParameter("must be positive", param_hint="--time-scale")
