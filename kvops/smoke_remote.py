@@ -71,7 +71,7 @@ class RemoteChunks:
         program = f"{_SOURCE}\nmain({json.dumps(json.dumps(request))})\n"
         deadline = time.monotonic() + self.ssh.timeout_s
         try:
-            code, out, err = run_ssh(self.host, program, self.ssh, deadline)
+            run = run_ssh(self.host, program, self.ssh, deadline)
         except paramiko.BadHostKeyException as exc:
             raise SmokeError(
                 f"host key of {exc.hostname} CHANGED (known_hosts "
@@ -79,10 +79,10 @@ class RemoteChunks:
             ) from exc
         except (OSError, paramiko.SSHException, ValueError) as exc:
             raise SmokeError(f"cannot read {self.where} over SSH: {exc}") from exc
-        lines = out.decode("utf-8", "replace").strip().splitlines()
-        if code != 0 or not lines:
-            tail = err.decode("utf-8", "replace").strip()[-300:]
-            raise SmokeError(f"reading {self.where} failed (exit {code}): {tail}")
+        lines = run.stdout.decode("utf-8", "replace").strip().splitlines()
+        if run.exit_status != 0 or not lines:
+            tail = run.stderr_tail.decode("utf-8", "replace").strip()[-300:]
+            raise SmokeError(f"reading {self.where} failed (exit {run.exit_status}): {tail}")
         try:
             answer: dict[str, Any] = json.loads(lines[-1])
         except ValueError as exc:

@@ -16,14 +16,14 @@ from test_smoke_run import _lmcache_file
 from kvops import smoke_remote
 from kvops.inventory import InventoryHost
 from kvops.smoke_run import LocalChunks, SmokeError
-from kvops.ssh import SshOptions
+from kvops.ssh import ProbeRun, SshOptions
 
 
-def _ssh_double(host: InventoryHost, program: str, opts: SshOptions, deadline: float) -> Any:
+def _ssh_double(host: InventoryHost, program: str, opts: SshOptions, deadline: float) -> ProbeRun:
     proc = subprocess.run(
         [sys.executable, "-S", "-"], input=program.encode(), capture_output=True, check=False
     )
-    return proc.returncode, proc.stdout, proc.stderr
+    return ProbeRun(proc.returncode, proc.stdout, proc.stderr)
 
 
 @pytest.fixture
