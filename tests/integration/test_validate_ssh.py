@@ -291,3 +291,48 @@ def test_bad_inventory_is_a_clear_error_exit_2(tmp_path: Path) -> None:
     assert "kvops validate: error:" in proc.stderr and "Traceback" not in proc.stderr
     missing = run_validate("-i", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def _pids_with_cmdline(cmdline: bytes) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "cmdline").read_bytes().rstrip(b"\0") == cmdline:
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_remote_timeout_reaps_a_hung_probe(lab: Lab, tmp_path: Path) -> None:
+    """The probe runs under the target's `timeout -k 5 <timeout + 5>`: a probe that never
+    answers is killed on the host after kvops gave up on it, not left running. The hanging
+    interpreter double sleeps for a duration no other test uses, so its process is ours."""
+    sleep_s = f"600.{os.getpid()}{time.monotonic_ns() % 100000}"
+    hanging = tmp_path / "hanging_python"
+    hanging.write_text(HANGING_PYTHON_DOUBLE.read_text().replace("${KVOPS_DOUBLE_HANG_S:-600}",
+                                                                 sleep_s))  # fmt: skip
+    hanging.chmod(0o755)
+    assert sleep_s in hanging.read_text()
+    host = lab.host(lab.servers["hang"].port, ansible_python_interpreter=str(hanging))
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {"hosts": {"hang": host}}}))
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvops", "validate", "-i", str(inv), "--known-hosts",
+         str(lab.known_hosts), "--timeout", "3", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"},
+    )  # fmt: skip
+    target = f"sleep\0{sleep_s}".encode()
+    while not _pids_with_cmdline(target):
+        assert proc.poll() is None and time.monotonic() - started < 60, "the probe never ran"
+        time.sleep(0.05)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2, stderr
+    assert json.loads(stdout)["transport"]["hang"]["status"] == "timeout"
+    # remote limit 3 + 5 s, then SIGKILL 5 s later at the latest: wait well beyond that
+    while _pids_with_cmdline(target):
+        assert time.monotonic() - started < 60, "the hung probe is still running on the host"
+        time.sleep(0.2)
