@@ -336,3 +336,39 @@ def test_remote_timeout_reaps_a_hung_probe(lab: Lab, tmp_path: Path) -> None:
     while _pids_with_cmdline(target):
         assert time.monotonic() - started < 60, "the hung probe is still running on the host"
         time.sleep(0.2)
+
+
+def test_two_hop_proxy_jump_and_a_jump_host_with_a_changed_key(lab: Lab, tmp_path: Path) -> None:
+    """ProxyJump through two real sshds in order; a hop whose host key is not the one in
+    known_hosts is refused like a target would be, first hop or second (so both hops are
+    really contacted, the second through the first), and the target is never reached."""
+    s = lab.servers
+
+    def jump(*servers: str) -> str:
+        return "-o ProxyJump=" + ",".join(f"root@127.0.0.1:{s[name].port}" for name in servers)
+
+    hosts = {
+        "two-hops": lab.host(s["hang"].port, ansible_ssh_common_args=jump("healthy", "healthy2")),
+        "bad-second-hop": lab.host(
+            s["hang"].port, ansible_ssh_common_args=jump("healthy", "changed")
+        ),
+        "bad-first-hop": lab.host(s["healthy2"].port, ansible_ssh_common_args=jump("changed")),
+        # a hop authenticates with its own inventory entry's credentials, never the target's
+        "hop1": lab.host(s["healthy"].port),
+        "hop2": lab.host(s["healthy2"].port),
+        "hop-changed": lab.host(s["changed"].port),
+    }
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    proc = run_validate(
+        "-i", str(inv), "--known-hosts", str(lab.known_hosts), "--timeout", "30", "--json",
+        "--save-evidence", str(tmp_path / "ev"),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr  # the bad hops' targets could not be probed
+    transport = json.loads(proc.stdout)["transport"]
+    assert transport["two-hops"]["status"] == "ok", transport
+    two = json.loads((tmp_path / "ev" / "two-hops.json").read_text())
+    assert "proto=rdma" in two["items"]["mounts"]["stdout"]
+    for name in ("bad-second-hop", "bad-first-hop"):
+        assert transport[name]["status"] == "host_key_refused", transport
+        assert f"127.0.0.1]:{s['changed'].port} CHANGED" in transport[name]["reason"], transport
