@@ -30,12 +30,19 @@ from kvops.abtest.arms import (
 )
 from kvops.abtest.rundir import RunDir
 from kvops.errors import KvopsError
+from kvops.loadgen.calibrate import learn_alphabet
 from kvops.loadgen.client import Endpoint, make_session
 from kvops.loadgen.record import JsonlWriter, RequestRecord
-from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner
+from kvops.loadgen.runner import (
+    ClientStats,
+    Labels,
+    LoopLagMonitor,
+    Runner,
+    WireRequest,
+    wire_requests,
+)
 from kvops.loadgen.workers import WorkerPool
-from kvops.workload.calibrate import learn_alphabet
-from kvops.workload.generate import Alphabet, PlannedRequest, make_prefixes, plan_iteration
+from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
 from kvops.workload.schedule import arrival_offsets_s, batch_groups
 from kvops.workload.spec import WorkloadSpec
 
@@ -206,12 +213,12 @@ class Experiment:
             # every request is built and encoded before the first is sent (as vLLM's bench
             # does): preparing iteration 2 must not count as serving time or client lag
             plans = [
-                plan_iteration(spec, alphabet, prefixes, trial=trial, iteration=i)
+                wire_requests(
+                    plan_iteration(spec, alphabet, prefixes, trial=trial, iteration=i),
+                    runner.endpoint,
+                )
                 for i in range(spec.iterations)
             ]
-            for plan in plans:
-                for p in plan:
-                    p.request.body(runner.endpoint)
             monitor.start()
             pool = (
                 WorkerPool(opts.workers, runner.endpoint, timeout_s=opts.timeout_s,
@@ -253,7 +260,7 @@ class Experiment:
         spec: WorkloadSpec,
         trial: int,
         iteration: int,
-        planned: list[PlannedRequest],
+        planned: list[WireRequest],
         labels: Labels,
         runner: Runner,
         pool: WorkerPool | None,
@@ -262,7 +269,7 @@ class Experiment:
         mode: the whole iteration on its arrival schedule under the concurrency cap."""
         if spec.rate is None:
             groups = [[planned[i] for i in g] for g in batch_groups(len(planned), spec.batch_size)]
-            schedule: list[tuple[list[PlannedRequest], list[float] | None]] = [
+            schedule: list[tuple[list[WireRequest], list[float] | None]] = [
                 (g, None) for g in groups
             ]
         else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvops.advise.analysis import VERDICT_METRICS, Analysis
+from kvops.advise.analysis import VERDICT_METRICS, Analysis, Delta
 
 GB = 1e9
 HELPS, NO_GAIN, HURTS, DEPENDS = "helps", "no gain", "hurts", "depends"
@@ -183,9 +183,13 @@ def explain(a: Analysis, verdict: str, case: int) -> list[str]:
                 f"But {s.storage_read_gb_s:g} GB/s read is below the "
                 f"{s.break_even_read_gb_s:.2f} GB/s break-even: recomputing beats loading."
             )
+
+    def shown(d: Delta) -> str:
+        if not a.corner_names:
+            return f"{d.pct:+.1f}%"
+        return f"{d.pct:+.1f}% ({d.low_pct:+.1f}..{d.high_pct:+.1f}%)"
+
     lines.append(
-        f"Predicted: throughput {thr.pct:+.1f}% ({thr.low_pct:+.1f}..{thr.high_pct:+.1f}%), "
-        f"mean TTFT {ttft.pct:+.1f}% ({ttft.low_pct:+.1f}..{ttft.high_pct:+.1f}%) with offload: "
-        f"{verdict}."
+        f"Predicted with offload: throughput {shown(thr)}, mean TTFT {shown(ttft)}: {verdict}."
     )
     return lines

@@ -3,11 +3,13 @@ lines. All three carry the same facts; only layout differs."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from kvops.advise.analysis import Analysis
 from kvops.advise.recommend import Advice
 
+WIDTH = 100
 LABELS = {
     "total_token_throughput_tok_s": ("throughput", "tok/s"),
     "mean_ttft_ms": ("mean TTFT", "ms"),
@@ -97,13 +99,9 @@ def _table(a: Analysis) -> list[tuple[str, str, str, str]]:
     rows = []
     for d in a.deltas:
         label, unit = LABELS[d.metric]
+        spread = f" ({d.low_pct:+.1f}..{d.high_pct:+.1f})" if a.corner_names else ""
         rows.append(
-            (
-                f"{label} ({unit})",
-                _fmt(d.baseline),
-                _fmt(d.offload),
-                f"{d.pct:+.1f}% ({d.low_pct:+.1f}..{d.high_pct:+.1f})",
-            )
+            (f"{label} ({unit})", _fmt(d.baseline), _fmt(d.offload), f"{d.pct:+.1f}%{spread}")
         )
     rows.append(
         (
@@ -120,15 +118,18 @@ def _table(a: Analysis) -> list[tuple[str, str, str, str]]:
 def _flip_lines(a: Analysis, advice: Advice) -> list[str]:
     f = advice.flip_points
     read = f.get("read_gb_s")
+    searched = a.options.flips
     out = [
-        f"break-even read bandwidth: {a.sizing.break_even_read_gb_s:.2f} GB/s closed form, "
-        f"{_fmt(a.sim_break_even_gb_s, ' GB/s')} simulated "
-        f"(storage: {a.profiles.storage.read_bandwidth_gb_s:g} GB/s)",
+        f"break-even read bandwidth: {a.sizing.break_even_read_gb_s:.2f} GB/s closed form"
+        + (f", {_fmt(a.sim_break_even_gb_s, ' GB/s')} simulated" if searched else "")
+        + f" (storage: {a.profiles.storage.read_bandwidth_gb_s:g} GB/s)",
         "flip point, read bandwidth: "
         + (
             f"offload throughput meets baseline at {read:.2f} GB/s"
             if isinstance(read, float)
             else "none (no bandwidth changes the answer)"
+            if searched
+            else "not searched (--quick)"
         ),
         f"flip point, distinct prefixes: {f['distinct_prefixes_note']}",
     ]
@@ -145,6 +146,16 @@ def _flip_lines(a: Analysis, advice: Advice) -> list[str]:
     return out
 
 
+def _wrapped(texts: list[str], indent: str = "  ", width: int = WIDTH) -> list[str]:
+    """Each text as lines of at most `width` characters, continuation lines indented more."""
+    out: list[str] = []
+    for text in texts:
+        out += textwrap.wrap(
+            text, width, initial_indent=indent, subsequent_indent=indent + "  "
+        ) or [indent]
+    return out
+
+
 def terminal_lines(a: Analysis, advice: Advice) -> list[str]:
     p = a.profiles
     head = (
@@ -152,7 +163,8 @@ def terminal_lines(a: Analysis, advice: Advice) -> list[str]:
         f"{p.gpu.name} (tp={a.options.tensor_parallel_size}), storage {p.storage.name}"
     )
     lines = [head, "", f"VERDICT: offload {advice.verdict.upper()}  ({advice.case_name})", ""]
-    rows = [("", "baseline", "offload", "delta (range)"), *_table(a)]
+    head = "delta (range)" if a.corner_names else "delta"
+    rows = [("", "baseline", "offload", head), *_table(a)]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         lines.append(
@@ -162,15 +174,15 @@ def terminal_lines(a: Analysis, advice: Advice) -> list[str]:
                 for i, (c, w) in enumerate(zip(r, widths, strict=True))
             )
         )
-    lines += ["", *_flip_lines(a, advice), "", "Why:"]
-    lines += [f"  {x}" for x in advice.explanation]
+    lines += ["", *_wrapped(_flip_lines(a, advice), ""), "", "Why:"]
+    lines += _wrapped(advice.explanation)
     lines += ["", "Recommended settings:"]
-    for key in ("offload", "chunk_size", "cpu_tier_note", "gds_buffer_size_mib", "kv_memory_note"):
-        lines.append(f"  {key}: {advice.settings[key]}")
+    keys = ("offload", "chunk_size", "cpu_tier_note", "gds_buffer_size_mib", "kv_memory_note")
+    lines += _wrapped([f"{key}: {advice.settings[key]}" for key in keys])
     shown = notes(a)
     if shown or a.workload.skipped_lines:
         lines += ["", "Notes:"]
-        lines += [f"  {n}" for n in shown]
+        lines += _wrapped(shown)
         lines += [f"  skipped {x}" for x in a.workload.skipped_lines[:20]]
         if len(a.workload.skipped_lines) > 20:
             lines.append(f"  ... {len(a.workload.skipped_lines) - 20} more skipped lines")
@@ -187,7 +199,7 @@ def markdown(a: Analysis, advice: Advice) -> str:
         f"storage {p.storage.name} ({p.storage.read_bandwidth_gb_s:g} GB/s read)",
         f"- Reference case {advice.case}: {advice.case_name}",
         "",
-        "| metric | baseline | offload | delta (range) |",
+        f"| metric | baseline | offload | {'delta (range)' if a.corner_names else 'delta'} |",
         "|---|---:|---:|---:|",
     ]
     out += [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |" for r in _table(a)]

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from kvops.loadgen.client import Endpoint, send_request
+from kvops.loadgen.client import CompletionRequest, Endpoint, send_request
 from kvops.loadgen.record import RequestRecord
 from kvops.workload.generate import PlannedRequest
 
@@ -26,6 +26,35 @@ LOOP_TICK_S = 0.005
 LOOP_LAG_P99_LIMIT_MS = 20.0
 LOOP_LAG_MEAN_LIMIT_MS = 1.0
 DISPATCH_LAG_MEAN_LIMIT_MS = 10.0
+
+
+@dataclass
+class WireRequest:
+    """A planned request as the runner sends it: its place in the workload (iteration, batch)
+    and the HTTP request built from it."""
+
+    iteration: int
+    batch: int
+    request: CompletionRequest
+
+
+def wire_requests(planned: Sequence[PlannedRequest], endpoint: Endpoint) -> list[WireRequest]:
+    """Build and encode the wire requests of a plan before any clock starts, as vLLM's bench
+    does: encoding a long prompt must count neither as serving time nor as client lag (the
+    bodies travel encoded to worker processes too)."""
+    out = []
+    for p in planned:
+        sample = p.request
+        request = CompletionRequest(
+            request_id=sample.request_id,
+            prompt=sample.prompt,
+            output_tokens=sample.output_tokens,
+            prefix_id=sample.prefix_id,
+            intended_prompt_tokens=sample.intended_prompt_tokens,
+        )
+        request.body(endpoint)
+        out.append(WireRequest(p.iteration, p.batch, request))
+    return out
 
 
 @dataclass
@@ -130,7 +159,7 @@ class Runner:
     stats: ClientStats = field(default_factory=ClientStats)
     in_flight: int = 0
 
-    def _record(self, p: PlannedRequest, labels: Labels, scheduled: float) -> RequestRecord:
+    def _record(self, p: WireRequest, labels: Labels, scheduled: float) -> RequestRecord:
         return RequestRecord(
             request_id=f"{labels.attempt}{labels.scenario}/{labels.arm}/{p.request.request_id}",
             arm=labels.arm,
@@ -143,7 +172,7 @@ class Runner:
             scheduled_perf_s=scheduled,
         )
 
-    async def _one(self, p: PlannedRequest, rec: RequestRecord) -> RequestRecord:
+    async def _one(self, p: WireRequest, rec: RequestRecord) -> RequestRecord:
         self.in_flight += 1
         rec.in_flight_at_send = self.in_flight
         self.stats.max_in_flight = max(self.stats.max_in_flight, self.in_flight)
@@ -165,7 +194,7 @@ class Runner:
 
     async def run_group(
         self,
-        planned: Sequence[PlannedRequest],
+        planned: Sequence[WireRequest],
         labels: Labels,
         offsets_s: Sequence[float] | None = None,
         max_concurrency: int | None = None,
@@ -184,7 +213,7 @@ class Runner:
         start = time.perf_counter() if start_at is None else start_at
         records: list[RequestRecord] = []
 
-        async def release(i: int, p: PlannedRequest) -> None:
+        async def release(i: int, p: WireRequest) -> None:
             due = start + (offsets_s[i] if offsets_s else 0.0)
             delay = due - time.perf_counter()
             if delay > 0:

@@ -21,8 +21,7 @@ from typing import Any
 
 from kvops.loadgen.client import Endpoint, make_session
 from kvops.loadgen.record import RequestRecord
-from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner
-from kvops.workload.generate import PlannedRequest
+from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner, WireRequest
 
 RELEASE_LEAD_S = 0.05  # time for every worker to receive its share before the release
 
@@ -121,7 +120,7 @@ class WorkerPool:
 
     async def run_group(
         self,
-        planned: Sequence[PlannedRequest],
+        planned: Sequence[WireRequest],
         labels: Labels,
         on_record: Callable[[RequestRecord], None],
         offsets_s: Sequence[float] | None = None,

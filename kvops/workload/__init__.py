@@ -1,6 +1,12 @@
 """Workloads: strict specs, the three presets, exact-length request generation, schedules."""
 
-from kvops.workload.generate import Alphabet, PlannedRequest, make_prefixes, plan_iteration
+from kvops.workload.generate import (
+    Alphabet,
+    PlannedRequest,
+    SampleRequest,
+    make_prefixes,
+    plan_iteration,
+)
 from kvops.workload.spec import (
     PRESET_NAMES,
     SpecError,
@@ -14,6 +20,7 @@ __all__ = [
     "PRESET_NAMES",
     "Alphabet",
     "PlannedRequest",
+    "SampleRequest",
     "SpecError",
     "WorkloadSpec",
     "load_preset",

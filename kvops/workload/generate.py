@@ -3,7 +3,8 @@
 Token-id prompts (the default) make lengths exact without trusting a tokenizer round trip; ids
 come from an alphabet known to be valid for the served model (ids seen when tokenizing sample
 text through `/tokenize`, or a range below `--vocab-size`). Servers that refuse token ids get
-text built from words that each tokenize to exactly one token (see `kvops.workload.calibrate`).
+text built from words that each tokenize to exactly one token (see `kvops.loadgen.calibrate`,
+which asks the server: calibration is the client's job, this module knows no HTTP).
 
 Every random draw uses a local generator keyed by (seed, role, ...) so a prefix is identical in
 every arm and trial, suffixes are identical across arms within a trial, and a different trial
@@ -19,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from kvops.loadgen.client import CompletionRequest
 from kvops.workload.spec import WorkloadSpec
 
 _PREFIX, _SUFFIX = 0, 1
@@ -80,6 +80,20 @@ class Alphabet:
         return cls(id_range=(low, vocab_size))
 
 
+@dataclass(frozen=True)
+class SampleRequest:
+    """What to ask the server, in plain values: no HTTP here (the load generator builds the wire
+    request, as vLLM's benchmark maps its datasets' `SampleRequest`s to request-function inputs:
+    https://github.com/vllm-project/vllm/blob/main/vllm/benchmarks/datasets.py).
+    `prompt` is token ids (exact length) or text; `intended_prompt_tokens` is the spec's length."""
+
+    request_id: str
+    prompt: list[int] | str
+    output_tokens: int
+    prefix_id: int | None = None
+    intended_prompt_tokens: int | None = None
+
+
 @dataclass
 class PlannedRequest:
     """A request with its place in the workload (iteration, batch within the iteration)."""
@@ -87,7 +101,7 @@ class PlannedRequest:
     iteration: int
     batch: int
     index: int
-    request: CompletionRequest
+    request: SampleRequest
 
 
 def _draw(alphabet: Alphabet, n: int, key: Sequence[int]) -> np.ndarray:
@@ -141,7 +155,7 @@ def plan_iteration(
             _draw(alphabet, n_suffix, (spec.seed, _salt(spec), _SUFFIX, trial, iteration, j)),
         )
         prompt = suffix if prefix_id is None else _join(prefixes[prefix_id], suffix)
-        req = CompletionRequest(
+        req = SampleRequest(
             request_id=f"{id_prefix}t{trial}-i{iteration}-r{j}",
             prompt=prompt,
             output_tokens=spec.output_tokens,

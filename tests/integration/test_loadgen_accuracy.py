@@ -24,8 +24,14 @@ from ci_rule import unavailable
 from doubles.fixed_delay_server import read_timing_log, running
 
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session
-from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner, judge_client
-from kvops.workload.generate import PlannedRequest
+from kvops.loadgen.runner import (
+    ClientStats,
+    Labels,
+    LoopLagMonitor,
+    Runner,
+    WireRequest,
+    judge_client,
+)
 
 PROMPT_ID_BASE = 1000  # measured prompts are [1, 2, 1000 + i]: each one names its request
 
@@ -46,16 +52,11 @@ async def _closed_loop(
     stats = ClientStats()
     async with make_session() as session:
         runner = Runner(session, Endpoint(url, "fixed-delay"), records.append, stats=stats)
-        warm = [
-            PlannedRequest(0, 0, i, CompletionRequest(f"w{i}", [1, 2, 3], 2))
-            for i in range(streams)
-        ]
+        warm = [WireRequest(0, 0, CompletionRequest(f"w{i}", [1, 2, 3], 2)) for i in range(streams)]
         await runner.run_group(warm, Labels(warmup=True))  # open the connections first
         records.clear()
         planned = [
-            PlannedRequest(
-                0, 0, i, CompletionRequest(f"r{i}", [1, 2, PROMPT_ID_BASE + i], output_tokens)
-            )
+            WireRequest(0, 0, CompletionRequest(f"r{i}", [1, 2, PROMPT_ID_BASE + i], output_tokens))
             for i in range(requests)
         ]
         offsets = [i * 0.002 for i in range(requests)]  # ramp in; then the cap holds `streams`

@@ -1,4 +1,7 @@
-"""Learning from the server what a valid, exact-length prompt looks like.
+"""Learning from the server what a valid, exact-length prompt looks like (the client's side).
+
+It lives with the client, not with `kvops.workload`: it talks HTTP to the server, and the
+workload package produces plain planned requests only (no import back into `kvops.loadgen`).
 
 Why: token ids at or above the model's vocabulary size are answered with HTTP 400, and a text
 prompt's token count depends on the server's tokenizer. So, before a run, kvops asks the server
