@@ -107,6 +107,7 @@ IP_ADDR = "ip_addr"
 MOUNTS = "mounts"
 CMDLINE = "cmdline"
 IOMMU = "iommu"
+PCI_ACS = "pci_acs"
 CUFILE_JSON = "cufile_json"
 GDSCHECK = "gdscheck"
 BENCH_DIR = "bench_dir"
@@ -120,6 +121,7 @@ VLLM_PROCESS = "vllm_process"
 VLLM_ENV = "vllm_env"
 LMCACHE_CONFIG = "lmcache_config"
 LMCACHE_VERSION = "lmcache_version"
+VLLM_JOURNAL = "vllm_journal"
 GDS_DIR = "gds_dir"
 HTTP_HEALTH = "http_health"
 HTTP_VERSION = "http_version"
@@ -171,8 +173,14 @@ ITEM_SOURCES: dict[str, str] = {
     MOUNTS: "file /proc/mounts (parsed by kvops.parse.mounts).",
     CMDLINE: "file /proc/cmdline (intel_iommu=, amd_iommu=, iommu=pt ...).",
     IOMMU: (
-        "sysfs /sys/kernel/iommu_groups; data = {'group_count': int} (0 groups: IOMMU off "
-        "or not exposed)."
+        "sysfs /sys/kernel/iommu_groups; data = {'group_count': int, 'types': {'identity': "
+        "n, 'DMA-FQ': m}} (0 groups: IOMMU off or not exposed; types = each group's default "
+        "domain from <group>/type, absent on older kernels and bundles)."
+    ),
+    PCI_ACS: (
+        "command ['lspci', '-vvv'], stdout kept to device header lines and 'ACSCap:'/'ACSCtl:'"
+        " lines (item 'filtered' says so); parsed by kvops.parse.pci_acs. Without root lspci "
+        "prints '<access denied>' for the capabilities."
     ),
     CUFILE_JSON: (
         "file: the cufile.json the service's libcufile reads (settings.cufile_json_path, "
@@ -218,6 +226,11 @@ ITEM_SOURCES: dict[str, str] = {
         "the service's filesystem (/proc/<pid>/root) under its venv; stdout = 'Name: lmcache"
         "\\nVersion: 0.5.6'. Never obtained by running the service's Python. Older bundles: "
         "a command whose last stdout line is the version."
+    ),
+    VLLM_JOURNAL: (
+        "command ['journalctl', '--no-pager', '-o', 'cat', '-n', '3000', "
+        "'_SYSTEMD_INVOCATION_ID=<the unit's InvocationID>'] (the current run's log), else "
+        "[..., '-b', '-u', <vllm_service>]; redacted on the host. Exit 127 without systemd."
     ),
     GDS_DIR: (
         "dir settings.gds_dir, read in a child process with its own time budget; error "

@@ -8,14 +8,17 @@ numpy's linear interpolation, as vLLM does. Failed requests count as errors, nev
 completions, and contribute no tokens. The cached-token share is None when the server reports
 no `cached_tokens` (absent is not zero).
 
-Why cluster bootstrap: requests released together share the engine's fate (one slow prefill
-delays the whole batch), so they are not independent draws. Confidence intervals resample the
-release groups (batches) and fall back to single requests only when there are too few groups.
+Why paired trials: requests released together share the engine's fate (one slow prefill delays
+the whole batch), and a whole segment (one arm's trial) shares the host's state, so neither
+requests nor batches are independent draws. The unit of evidence is the trial: trial t of the
+baseline against trial t of the candidate (ABBA order), and the interval comes from the spread
+of those paired ratios. A verdict needs at least two paired trials and an interval that clears
+the smallest effect worth calling; an arm with failed requests beyond 1% voids the verdicts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +26,6 @@ import numpy as np
 from kvops.loadgen.record import RequestRecord
 
 PERCENTILES = (("median", 50.0), ("p90", 90.0), ("p99", 99.0))
-MIN_CLUSTERS = 6
 # metric name -> True when a higher value is better
 COMPARED_METRICS: dict[str, bool] = {
     "total_token_throughput_tok_s": True,
@@ -135,7 +137,7 @@ def cached_token_share(records: Sequence[RequestRecord]) -> float | None:
     return min(1.0, max(0.0, share))
 
 
-# ---------------------------------------------------------------- bootstrap and verdicts
+# ---------------------------------------------------------------- paired inference and verdicts
 
 
 @dataclass
@@ -156,110 +158,147 @@ class Comparison:
         return dict(self.__dict__)
 
 
-def _cluster_sums(clusters: Sequence[Sequence[RequestRecord]], metric: str) -> np.ndarray:
-    """Per cluster (numerator, denominator) so a resample's statistic is a ratio of sums."""
-    rows: list[tuple[float, float]] = []
-    for c in clusters:
-        ok = [r for r in c if r.ok]
-        if metric in ("total_token_throughput_tok_s", "output_throughput_tok_s"):
-            tok = sum(output_len(r) for r in ok)
-            if metric.startswith("total"):
-                tok += sum(r.prompt_tokens or r.intended_prompt_tokens or 0 for r in ok)
-            rows.append((float(tok), span_s(c)))
-        elif metric == "mean_itl_ms":
-            gaps = [g for r in ok for g in r.itls_ms]
-            rows.append((float(sum(gaps)), float(len(gaps))))
-        else:
-            vals = _values(ok, metric)
-            rows.append((float(sum(vals)), float(len(vals))))
-    return np.asarray(rows, dtype=float).reshape(-1, 2)
+# Student t 97.5% quantiles for 1..30 degrees of freedom (any statistics table, e.g. NIST/SEMATECH
+# e-Handbook 1.3.6.7.2, https://www.itl.nist.gov/div898/handbook/eda/section3/eda3672.htm).
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
 
 
-def _values(records: Sequence[RequestRecord], metric: str) -> list[float]:
-    kind = metric.split("_")[1]
-    get: Callable[[RequestRecord], float | None] = {
-        "ttft": lambda r: r.ttft_ms,
-        "tpot": tpot_ms,
-        "e2el": lambda r: r.e2el_ms,
-    }[kind]
-    return [v for r in records if (v := get(r)) is not None]
+def t975(df: int) -> float:
+    """Two-sided 95% Student t quantile; beyond the table, the Cornish-Fisher expansion
+    (Abramowitz & Stegun 26.7.5), accurate to 1e-3 there."""
+    if df < 1:
+        raise ValueError("degrees of freedom must be >= 1")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
-def _resampled(
-    clusters: Sequence[Sequence[RequestRecord]], metric: str, rng: np.random.Generator, n: int
-) -> tuple[np.ndarray, str]:
-    """`n` bootstrap replicates of `metric` for one arm, and the unit that was resampled."""
-    if metric.startswith(("median_", "p99_")):
-        vals = np.asarray(_values([r for c in clusters for r in c if r.ok], metric))
-        if vals.size < 2:
-            return np.full(n, np.nan), "request"
-        q = 50.0 if metric.startswith("median") else 99.0
-        idx = rng.integers(0, vals.size, (n, vals.size))
-        return np.percentile(vals[idx], q, axis=1), "request"
-    unit = "batch"
-    if metric.endswith("_tok_s"):
-        # throughput exists only per release group; with fewer than 4 there is no interval
-        if len(clusters) < 4:
-            return np.full(n, np.nan), unit
-    elif len(clusters) < MIN_CLUSTERS:
-        unit = "request"
-        clusters = [[r] for c in clusters for r in c]
-    sums = _cluster_sums(clusters, metric)
-    if len(sums) < 2:
-        return np.full(n, np.nan), unit
-    idx = rng.integers(0, len(sums), (n, len(sums)))
-    num, den = sums[idx, 0].sum(axis=1), sums[idx, 1].sum(axis=1)
+def paired_log_ci(
+    baseline: np.ndarray, candidate: np.ndarray, center: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """95% interval of ln(candidate/baseline) from per-trial pairs along the last axis.
+
+    Why per trial: the engine's state, the host's load and drift make whole segments (one arm's
+    trial) differ, and requests within a segment share that fate; the trial-to-trial spread of the
+    paired ratio is the noise a verdict must beat. Each trial is one observation, so the interval
+    is Student's t on the paired log ratios (exact for normal noise even with 2 trials, where a
+    bootstrap over 2 values is badly overconfident). `center` (default: mean paired log ratio)
+    lets the interval sit on the pooled estimate the report shows. Leading axes are independent
+    experiments (vectorised calibration). NaN where fewer than 2 trials pair up."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den > 0, num / den, np.nan), unit
+        logs = np.log(np.asarray(candidate, float) / np.asarray(baseline, float))
+    n = logs.shape[-1]
+    if n < 2:
+        nan = np.full(logs.shape[:-1], np.nan)
+        return nan, nan.copy()
+    mid = logs.mean(axis=-1) if center is None else np.asarray(center, float)
+    half = t975(n - 1) * logs.std(axis=-1, ddof=1) / np.sqrt(n)
+    return mid - half, mid + half
+
+
+# verdict codes for the vectorised judge
+NO_DIFFERENCE, HELPS, HURTS, NO_DATA = 0, 1, 2, 3
+_VERDICT_TEXT = {
+    NO_DIFFERENCE: "no significant difference",
+    HELPS: "helps",
+    HURTS: "hurts",
+    NO_DATA: "not enough data",
+}
+NOT_ENOUGH_TRIALS = "not enough trials"
+
+
+def judge(
+    low_pct: np.ndarray, high_pct: np.ndarray, higher_is_better: bool, min_effect_pct: float
+) -> np.ndarray:
+    """Vectorised verdict codes: a change is claimed only when the whole interval lies beyond
+    the smallest effect worth calling (so a 2.0% point estimate never passes a 2% gate)."""
+    low, high = np.asarray(low_pct, float), np.asarray(high_pct, float)
+    gate = min_effect_pct + 1e-6  # a delta printed as 2.0% is 2.0%, whatever its last bits
+    up, down = low > gate, high < -gate
+    out = np.full(low.shape, NO_DIFFERENCE)
+    out[up] = HELPS if higher_is_better else HURTS
+    out[down] = HURTS if higher_is_better else HELPS
+    out[np.isnan(low) | np.isnan(high)] = NO_DATA
+    return out
 
 
 def verdict_for(
     low: float | None,
     high: float | None,
     higher_is_better: bool,
-    delta: float | None = None,
     min_effect_pct: float = MIN_EFFECT_PCT,
 ) -> str:
-    """helps / hurts when the whole 95% interval lies on one side of zero and the change is at
-    least `min_effect_pct`; otherwise no significant difference."""
+    """helps / hurts when the whole 95% interval lies beyond +-`min_effect_pct`; otherwise
+    no significant difference; not enough data without an interval."""
     if low is None or high is None:
         return "not enough data"
-    if delta is not None and abs(delta) < min_effect_pct:
-        return "no significant difference"
-    if low > 0 or high < 0:
-        better = (low > 0) == higher_is_better
-        return "helps" if better else "hurts"
-    return "no significant difference"
+    code = judge(np.asarray(low), np.asarray(high), higher_is_better, min_effect_pct)
+    return _VERDICT_TEXT[int(code)]
+
+
+# An arm whose measured requests failed beyond this share measured a broken server, not a
+# configuration: its figures come from the survivors and say nothing about the arm.
+MAX_ERROR_SHARE = 0.01
+
+
+def broken_arm_errors(metrics: Metrics) -> int | None:
+    """The arm's error count when it voids a comparison (more than 1% of measured requests)."""
+    errors, done = int(metrics.get("errors") or 0), int(metrics.get("completed") or 0)
+    return errors if errors and errors > MAX_ERROR_SHARE * (errors + done) else None
+
+
+def _per_trial(trials: Mapping[int, Sequence[RequestRecord]]) -> dict[int, Metrics]:
+    return {t: compute_metrics([recs]) for t, recs in trials.items() if recs}
+
+
+ArmTrials = tuple[str, Mapping[int, Sequence[RequestRecord]], Metrics]
 
 
 def compare_arms(
-    baseline: tuple[str, Sequence[Sequence[RequestRecord]], Metrics],
-    candidate: tuple[str, Sequence[Sequence[RequestRecord]], Metrics],
+    baseline: ArmTrials,
+    candidate: ArmTrials,
     *,
-    seed: int = 0,
-    n_resamples: int = 2000,
+    min_effect_pct: float = MIN_EFFECT_PCT,
 ) -> list[Comparison]:
-    """Each compared metric: candidate vs baseline as a % delta with a seeded bootstrap CI.
+    """Each compared metric: candidate vs baseline as a % delta of the pooled figures, with a
+    95% interval from the paired trials (trial t of one arm against trial t of the other, the
+    ABBA pairs), and a verdict. Arms are (name, {trial: measured records}, pooled metrics).
 
-    Arms are (name, clusters, metrics); clusters are the release groups of measured records."""
+    Fewer than 2 paired trials give "not enough trials"; an arm with more than 1% failed
+    requests gives "invalid: N errors" on every metric."""
     out: list[Comparison] = []
-    (b_name, b_clusters, b_m), (c_name, c_clusters, c_m) = baseline, candidate
-    for i, (metric, higher) in enumerate(COMPARED_METRICS.items()):
+    (b_name, b_trials, b_m), (c_name, c_trials, c_m) = baseline, candidate
+    b_per, c_per = _per_trial(b_trials), _per_trial(c_trials)
+    paired = sorted(set(b_per) & set(c_per))
+    broken = [e for e in (broken_arm_errors(b_m), broken_arm_errors(c_m)) if e is not None]
+    for metric, higher in COMPARED_METRICS.items():
         b, c = b_m.get(metric), c_m.get(metric)
         delta = (c - b) / b * 100.0 if b and c is not None else None
-        rng = np.random.default_rng([seed, 3, i])
-        rb, unit = _resampled(b_clusters, metric, rng, n_resamples)
-        rc, _ = _resampled(c_clusters, metric, rng, n_resamples)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            deltas = (rc - rb) / rb * 100.0
-        deltas = deltas[np.isfinite(deltas)]
+        pairs = [
+            (float(bv), float(cv))
+            for t in paired
+            if (bv := b_per[t].get(metric)) and (cv := c_per[t].get(metric))
+        ]
         low = high = None
-        if delta is not None and deltas.size >= n_resamples // 2:
-            low, high = (float(x) for x in np.percentile(deltas, [2.5, 97.5]))
+        if delta is not None and len(pairs) >= 2 and c:
+            arr = np.asarray(pairs, float)
+            lo, hi = paired_log_ci(arr[:, 0], arr[:, 1], center=np.log(c / b))  # type: ignore[operator]
+            low, high = float(np.expm1(lo) * 100.0), float(np.expm1(hi) * 100.0)
+        if broken:
+            verdict = f"invalid: {sum(broken)} errors"
+        elif delta is not None and len(pairs) < 2:
+            verdict = NOT_ENOUGH_TRIALS
+        else:
+            verdict = verdict_for(low, high, higher, min_effect_pct)
         out.append(
             Comparison(
                 metric, b_name, c_name, _f(b), _f(c), delta, low, high,
-                verdict_for(low, high, higher, delta), higher, unit,
+                verdict, higher, f"paired trials ({len(pairs)})",
             )
         )  # fmt: skip
     return out

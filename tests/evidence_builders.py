@@ -106,6 +106,28 @@ METRICS = (
     "# TYPE lmcache:retrieve_hit_rate gauge\n"
     'lmcache:retrieve_hit_rate{model_name="x",worker_id="0"} 0.0\n'
 )
+# LMCache's log format ("[time] LMCache LEVEL: message (file:line:module)"); the messages are
+# the ones lmcache 0.5.6 logs (deploy notes §0.3, §2.2, §2.4).
+JOURNAL = (
+    "[2026-12-02 13:59:01,100] LMCache INFO: Loading LMCache config file /etc/lmcache/gds.yaml "
+    "(utils.py:60:lmcache.integration.vllm.utils)\n"
+    "[2026-12-02 13:59:03,200] LMCache INFO: Using GDS backend 'cufile' "
+    "(gds_backend.py:290:lmcache.v1.storage_backend.gds_backend)\n"
+)
+TORCH_FALLBACK_LINE = (
+    "[2026-12-02 13:59:02,150] LMCache WARNING: lmcache.cuda_ops compiled extension not found; "
+    "CudaDeviceOps stays on the torch baseline for all ops. "
+    "(device_ops.py:131:lmcache.v1.platform.devices.cuda.device_ops)\n"
+)
+# `lspci -vvv` kept to headers and ACS lines, in lspci's format (synthetic: a PCIe switch
+# downstream port with ACS but no redirect, the GPU and the NIC under it).
+LSPCI_ACS = (
+    "17:02.0 PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0)\n"
+    "\t\tACSCap:\tSrcValid+ TransBlk+ ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl+ DirectTrans+\n"
+    "\t\tACSCtl:\tSrcValid+ TransBlk- ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl- DirectTrans-\n"
+    "18:00.0 3D controller: NVIDIA Corporation Device 2330 (rev a1)\n"
+    "19:00.0 Ethernet controller: Mellanox Technologies MT2910 Family [ConnectX-7]\n"
+)
 KV_TRANSFER = '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
 
 
@@ -195,6 +217,7 @@ def healthy() -> dict[str, Any]:
             "/proc/cmdline", "BOOT_IMAGE=(hd0,gpt2)/vmlinuz root=/dev/sda3 ro\n", synthetic=True
         ),
         "iommu": data_item("sysfs", "/sys/kernel/iommu_groups", {"group_count": 0}),
+        "pci_acs": command(["lspci", "-vvv"], LSPCI_ACS, filtered="device headers and ACS lines"),
         "nvidia_smi_topo": command(["nvidia-smi", "topo", "-mp"], _topo_gpu_under_nic_switch()),
         "cufile_json": file_item("/etc/cufile.json", _cufile()),
         "gdscheck": command(
@@ -234,6 +257,11 @@ def healthy() -> dict[str, Any]:
                     "PROMETHEUS_MULTIPROC_DIR": "/run/vllm/prometheus",
                 },
             },
+        ),
+        "vllm_journal": command(
+            ["journalctl", "--no-pager", "-o", "cat", "-n", "3000", "_SYSTEMD_INVOCATION_ID=1f"],
+            JOURNAL,
+            synthetic=True,
         ),
         "lmcache_config": file_item("/etc/lmcache/gds.yaml", LMCACHE_YAML, synthetic=True),
         "lmcache_version": file_item(
@@ -347,6 +375,35 @@ def wrong_lmcache_buffer_key() -> dict[str, Any]:
     return _variant("wrong-lmcache-buffer-key", edit)
 
 
+def use_gds_yes() -> dict[str, Any]:
+    """`LMCACHE_USE_GDS=yes` in the unit: LMCache reads only true/1 as true, so GDS is off."""
+
+    def edit(items: dict[str, Any]) -> None:
+        items["vllm_env"]["data"]["env"]["LMCACHE_USE_GDS"] = "yes"
+
+    return _variant("use-gds-yes", edit)
+
+
+def lmcache_torch_fallback() -> dict[str, Any]:
+    """LMCache built for another torch: its compiled ops fail to load and it says so once."""
+
+    def edit(items: dict[str, Any]) -> None:
+        items["vllm_journal"]["stdout"] = JOURNAL + TORCH_FALLBACK_LINE
+
+    return _variant("lmcache-torch-fallback", edit)
+
+
+def gds_dir_hung() -> dict[str, Any]:
+    """The NFS server stopped answering: the probe's child for the GDS directory was killed
+    after its budget (the platform evidence is all there)."""
+
+    def edit(items: dict[str, Any]) -> None:
+        items["gds_dir"]["data"] = {"exists": None, "is_dir": None, "service_user": "vllm"}
+        items["gds_dir"]["error"] = f"GDS directory {GDS_DIR} did not answer in 20 s"
+
+    return _variant("gds-dir-hung", edit)
+
+
 def nic_across_host_bridge() -> dict[str, Any]:
     """The recorded R760xa matrix as it is: GPU0 reaches every NIC only through NODE."""
 
@@ -398,6 +455,9 @@ BUNDLE: dict[str, Callable[[], dict[str, Any]]] = {
     "wrong-lmcache-buffer-key": wrong_lmcache_buffer_key,
     "nic-across-host-bridge": nic_across_host_bridge,
     "storage-nic-far": storage_nic_far,
+    "use-gds-yes": use_gds_yes,
+    "lmcache-torch-fallback": lmcache_torch_fallback,
+    "gds-dir-hung": gds_dir_hung,
 }
 
 

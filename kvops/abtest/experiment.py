@@ -28,6 +28,7 @@ from kvops.abtest.arms import (
     fetch_arm_info,
     reset_prefix_cache,
 )
+from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.rundir import RunDir
 from kvops.errors import KvopsError
 from kvops.loadgen.calibrate import learn_alphabet
@@ -53,7 +54,7 @@ class ExperimentError(KvopsError, RuntimeError):
 
 @dataclass
 class Options:
-    trials: int = 2
+    trials: int = 4
     warmup_iterations: int = 1
     reset_cache: bool = True
     timeout_s: float = 600.0
@@ -63,6 +64,7 @@ class Options:
     api: str = "completions"
     grace_s: float = 5.0
     workers: int = 1
+    seed: int = 0  # the run seed: prompts and send order (fresh per run; see generate.py)
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -78,6 +80,22 @@ def segment_plan(
             order = arms if trial % 2 == 0 else list(reversed(arms))
             plan.extend((spec, trial, arm) for arm in order)
     return plan
+
+
+def trial_warnings(trials: int) -> list[str]:
+    """What the trial count cannot support: a verdict needs two paired trials, and ABBA cancels
+    a linear drift of the host only over an even number of them."""
+    if trials == 1:
+        return [
+            "--trials 1: one trial per arm gives figures but no verdict (not enough trials); "
+            "use an even number, 2 or more"
+        ]
+    if trials % 2:
+        return [
+            f"--trials {trials} is odd: ABBA order cancels a linear drift of the host only over "
+            "an even number of trials, so drift falls unevenly on the arms"
+        ]
+    return []
 
 
 @dataclass
@@ -102,6 +120,7 @@ class Experiment:
     warnings: list[str] = field(default_factory=list)
     interrupted: bool = False
     stats: ClientStats = field(default_factory=ClientStats)
+    warm_arms: set[str] = field(default_factory=set)
 
     def _warn(self, text: str) -> None:
         if text not in self.warnings:
@@ -112,10 +131,13 @@ class Experiment:
         """Run every unfinished segment. Raises ArmUnreachable / ExperimentError before the
         first request when arms or workloads are unusable."""
         attempt = self.run_dir.add_attempt()
+        opts = self.options
         async with make_session() as session:
             self.infos = [await fetch_arm_info(session, arm) for arm in self.arms]
             self.run_dir.record_arms(attempt, [i.to_dict() for i in self.infos])
             for w in arm_differences(self.infos):
+                self._warn(w)
+            for w in trial_warnings(self.options.trials):
                 self._warn(w)
             self._check_fit()
             alphabet = await self._alphabet(session)
@@ -126,7 +148,7 @@ class Experiment:
                 if (spec.name, trial, arm.name) not in done
             ]
             self.hooks.on_start(sum(s.total_requests for s, _, _ in todo))
-            prefixes = {s.name: make_prefixes(s, alphabet) for s in self.scenarios}
+            prefixes = {s.name: make_prefixes(s, alphabet, opts.seed) for s in self.scenarios}
             with self.run_dir.record_writer() as records, self.run_dir.segment_writer() as segs:
                 for spec, trial, arm in todo:
                     if self.stop.is_set():
@@ -145,6 +167,15 @@ class Experiment:
                     )
             if self.stop.is_set():
                 self.interrupted = True
+
+    def _check_warm_tier(self, spec: WorkloadSpec, arm: Arm, seen: list[RequestRecord]) -> None:
+        """Say it the moment it shows (after the warm-up iteration, before measuring); the
+        results document repeats it from the records."""
+        if arm.name in self.warm_arms:
+            return
+        for text in warm_tier_warnings(seen, spec.prefix_tokens, spec.name):
+            self.warm_arms.add(arm.name)
+            self.hooks.warn(text)
 
     def _info(self, arm: Arm) -> ArmInfo:
         return next(i for i in self.infos if i.name == arm.name)
@@ -198,8 +229,11 @@ class Experiment:
         stats = ClientStats()
         lag_before = await emission_lag(session, info)
 
+        seen: list[RequestRecord] = []
+
         def on_record(rec: RequestRecord) -> None:
             records.write_record(rec)
+            seen.append(rec)
             self.hooks.on_record(rec)
 
         runner = Runner(
@@ -214,7 +248,9 @@ class Experiment:
             # does): preparing iteration 2 must not count as serving time or client lag
             plans = [
                 wire_requests(
-                    plan_iteration(spec, alphabet, prefixes, trial=trial, iteration=i),
+                    plan_iteration(
+                        spec, alphabet, prefixes, trial=trial, iteration=i, run_seed=opts.seed
+                    ),
                     runner.endpoint,
                 )
                 for i in range(spec.iterations)
@@ -232,6 +268,7 @@ class Experiment:
                     warm = iteration < opts.warmup_iterations
                     labels = Labels(arm.name, spec.name, trial, attempt, warm)
                     await self._iteration(spec, trial, iteration, planned, labels, runner, pool)
+                    self._check_warm_tier(spec, arm, seen)
                     if self.stop.is_set():
                         return
             finally:

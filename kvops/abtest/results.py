@@ -5,12 +5,15 @@ one, so what the report says is always what the records say. Schema (versioned; 
 within a version):
 
   schema_version: 1
-  status: complete | interrupted | incomplete
+  status: complete | interrupted | incomplete | invalid (an arm's measured requests failed
+          beyond 1%: its verdicts read "invalid: N errors")
+  status_detail: str                 (which arm broke, how many requests, from when; "" if none)
   arms: [{name, url, version, model, max_model_len, cache_config}]     (latest attempt)
   warnings: [str]                                    (arm differences, missing resets, ...)
   scenarios: {<preset or custom>: {
       workload: {spec},
-      verdict: helps | hurts | no significant difference | not enough data   (first candidate)
+      verdict: helps | hurts | no significant difference | not enough data | not enough trials
+               | invalid: N errors                                                (first candidate)
       arms: {<arm>: {metrics: {completed, errors, duration_s, total_token_throughput_tok_s,
                                output_throughput_tok_s, request_throughput_req_s,
                                mean|median|std|p90|p99 _ ttft|tpot|itl|e2el _ms,
@@ -18,7 +21,7 @@ within a version):
                      errors_total, errors_by_reason, warmup_requests, per_iteration, per_batch}},
       comparisons: [{metric, baseline, candidate (values), baseline_arm, candidate_arm,
                      delta_pct, ci95_low_pct, ci95_high_pct, verdict, higher_is_better,
-                     resample_unit}]}}
+                     resample_unit ("paired trials (N)")}]}}
       (an arm block also has engine_emission_lag_mean_ms when the arm is a simulated engine)
   model_prediction: {<scenario>: {<arm>: {total_token_throughput_tok_s, mean_ttft_ms,
                      mean_itl_ms}}}      (embedded engines only: the model in virtual time)
@@ -28,6 +31,7 @@ within a version):
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +39,17 @@ from typing import Any
 import numpy as np
 
 from kvops import __version__
+from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.predict import fidelity_warnings, predict_run
 from kvops.abtest.rundir import RunDir
 from kvops.loadgen.record import RequestRecord, iter_jsonl, read_records
 from kvops.loadgen.runner import ClientStats, judge_client
-from kvops.metrics import compare_arms, compute_metrics, overall_verdict
+from kvops.metrics import (
+    broken_arm_errors,
+    compare_arms,
+    compute_metrics,
+    overall_verdict,
+)
 
 SCHEMA_VERSION = 1
 Clusters = list[list[RequestRecord]]
@@ -87,10 +97,9 @@ def _groups(records: list[RequestRecord], key: Any) -> Clusters:
 
 def _arm_block(
     recs: list[RequestRecord], slo: dict[str, float] | None
-) -> tuple[dict[str, Any], Clusters]:
+) -> tuple[dict[str, Any], dict[int, list[RequestRecord]]]:
     measured = [r for r in recs if not r.warmup]
     trials = _groups(measured, lambda r: r.trial)
-    clusters = _groups(measured, lambda r: (r.trial, r.iteration, r.batch))
     reasons = Counter((r.error or "")[:120] for r in recs if not r.ok)
     per_batch = [
         {"trial": c[0].trial, "iteration": c[0].iteration, "batch": c[0].batch,
@@ -110,7 +119,7 @@ def _arm_block(
         "per_iteration": per_iteration,
         "per_batch": per_batch,
     }
-    return block, clusters
+    return block, {t[0].trial: t for t in trials}
 
 
 def _brief(m: dict[str, Any]) -> dict[str, Any]:
@@ -178,10 +187,31 @@ def _lag_warnings(scenarios: dict[str, Any]) -> list[str]:
     return out
 
 
+def broken_arms(measured: dict[str, dict[str, list[RequestRecord]]]) -> list[str]:
+    """One sentence per arm whose measured requests failed beyond 1%: which arm, how many, and
+    when it started (the first failure's UTC time and place in the plan)."""
+    out = []
+    for scenario, arms in measured.items():
+        for arm, recs in arms.items():
+            failed = sorted((r for r in recs if not r.ok), key=lambda r: r.send_time_unix_s)
+            errors = broken_arm_errors(
+                {"errors": len(failed), "completed": len(recs) - len(failed)}
+            )
+            if errors is None:
+                continue
+            first = failed[0]
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(first.send_time_unix_s))
+            out.append(
+                f"arm {arm} broke in {scenario}: {errors} of {len(recs)} measured requests "
+                f"failed, from {when} (trial {first.trial + 1}, iteration {first.iteration + 1}; "
+                f"{(first.error or '')[:80]})"
+            )
+    return out
+
+
 def build_results(
     run_dir: RunDir,
     *,
-    seed: int = 0,
     slo: dict[str, float] | None = None,
     status: str = "complete",
     warnings: list[str] | None = None,
@@ -200,9 +230,9 @@ def build_results(
             a: [r for r in records if r.scenario == spec.name and r.arm == a] for a in arm_names
         }
         blocks: dict[str, Any] = {}
-        clusters: dict[str, Clusters] = {}
+        trials: dict[str, dict[int, list[RequestRecord]]] = {}
         for a in arm_names:
-            blocks[a], clusters[a] = _arm_block(by_arm[a], slo)
+            blocks[a], trials[a] = _arm_block(by_arm[a], slo)
             if (spec.name, a) in lags:
                 blocks[a]["engine_emission_lag_mean_ms"] = lags[(spec.name, a)]
         result.measured[spec.name] = {a: [r for r in by_arm[a] if not r.warmup] for a in arm_names}
@@ -210,9 +240,8 @@ def build_results(
         base = arm_names[0]
         for cand in arm_names[1:]:
             comparisons += compare_arms(
-                (base, clusters[base], blocks[base]["metrics"]),
-                (cand, clusters[cand], blocks[cand]["metrics"]),
-                seed=seed,
+                (base, trials[base], blocks[base]["metrics"]),
+                (cand, trials[cand], blocks[cand]["metrics"]),
             )
         first = [
             c
@@ -226,6 +255,9 @@ def build_results(
             "comparisons": [c.to_dict() for c in comparisons],
         }
     warnings = list(warnings or [])
+    for spec in specs:
+        scenario_records = [r for r in records if r.scenario == spec.name]
+        warnings += warm_tier_warnings(scenario_records, spec.prefix_tokens, spec.name)
     warnings += [w for w in _lag_warnings(scenarios) if w not in warnings]
     prediction = predict_run(run_dir)
     if prediction is not None:
@@ -243,10 +275,14 @@ def build_results(
             f"(e.g. {r.request_id} on {r.arm}: {r.prompt_tokens} vs {r.intended_prompt_tokens} "
             "tokens): the server tokenizes these prompts differently"
         )
+    broken = broken_arms(result.measured)
+    if broken and status == "complete":
+        status = "invalid"
     result.doc = {
         "schema_version": SCHEMA_VERSION,
         "kvops_version": __version__,
         "status": status,
+        "status_detail": "; ".join(broken),
         "run_dir": str(run_dir.path),
         "arms": [
             {

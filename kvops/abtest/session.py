@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import secrets
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ class AbTestRequest:
     options: Options = field(default_factory=Options)
     scale: float = 1.0
     sim: SimProfile = field(default_factory=SimProfile)
-    seed: int = 0
+    seed: int | None = None  # None: a fresh run seed (recorded in run.json)
     slo: dict[str, float] = field(default_factory=dict)
     overwrite: bool = False
     resume: bool = False
@@ -60,8 +62,11 @@ def prepare(req: AbTestRequest) -> RunDir:
         req.options = Options(**run["options"])
         req.scale = float(run.get("scale", 1.0))
         req.sim = SimProfile(**run["sim"]) if run.get("sim") else req.sim
-        req.seed, req.slo = int(run.get("seed", 0)), dict(run.get("slo") or {})
+        req.seed, req.slo = int(run.get("seed") or 0), dict(run.get("slo") or {})
         return run_dir
+    if req.seed is None:
+        req.seed = secrets.randbits(32)
+    req.options = dataclasses.replace(req.options, seed=req.seed)
     run = {
         "arms": [{"name": a.name, "url": a.url, "model": a.model} for a in req.arms]
         or [{"name": "baseline", "url": "embedded"}, {"name": "offload", "url": "embedded"}],
@@ -106,7 +111,7 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
     except KeyboardInterrupt:
         interrupted = True
     status = "interrupted" if interrupted else "complete"
-    results = build_results(run_dir, seed=req.seed, slo=req.slo, status=status, warnings=warnings)
+    results = build_results(run_dir, slo=req.slo, status=status, warnings=warnings)
     write_reports(run_dir.path, results.doc, results.measured)
     return Outcome(results, interrupted, warnings)
 

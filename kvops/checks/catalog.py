@@ -164,6 +164,14 @@ _ROWS = [
         "in fs.nfs.rdma_dev_addr_list (or fs.nfs.mount_table.<mount>.rdma_dev_addr_list).",
     ),
     (
+        "GDS-044",
+        "gds_platform",
+        "PCIe ACS does not redirect peer-to-peer traffic",
+        "Disable ACS redirect on the ports between GPU and NIC: kernel parameter "
+        "`pci=disable_acs_redir=<bdf>;...` (or `setpci` at boot); NVIDIA GDS "
+        "Troubleshooting Guide, PCIe ACS.",
+    ),
+    (
         "GDS-050",
         "storage_bench",
         "gdsio GPU-direct throughput vs RDMA link rate",
@@ -212,6 +220,14 @@ _ROWS = [
         "LMCache settings keep the GDS backend on",
         "Set use_gds: true (LMCache reads only true/1 as true), gds_backend: cufile, a "
         "positive chunk_size and a bool extra_config.use_direct_io.",
+    ),
+    (
+        "GDS-066",
+        "lmcache",
+        "Service log free of LMCache fallback and ignored-setting warnings",
+        "Fix what the quoted log lines name: rebuild or reinstall LMCache against the installed "
+        "torch (`python -c 'import torch, lmcache.cuda_ops'` must work), rename or remove "
+        "ignored keys, and restart the service.",
     ),
     (
         "GDS-070",

@@ -197,6 +197,36 @@ def check_gds_stays_on(ctx: Context) -> list[Finding]:
     return [finding("GDS-065", Severity.PASS, msg)]
 
 
+# LMCache 0.5.6 log lines that mean slower or misconfigured offload without any error
+# (`lmcache/v1/platform/devices/cuda/device_ops.py`, `config_base.py`, `config.py`).
+JOURNAL_PROBLEMS = (
+    ("cuda_ops compiled extension not found", "LMCache runs its pure-torch fallback (ABI "
+     "mismatch with torch): rebuild/reinstall LMCache for this torch"),
+    ("Unknown configuration key", "a config key is ignored"),
+    ("does not exist in configuration", "a kv_connector_extra_config lmcache.* key is ignored"),
+    ("Failed to convert value", "a value did not convert and LMCache uses None"),
+)  # fmt: skip
+
+
+def check_service_log(ctx: Context) -> list[Finding]:
+    if ctx.role != ev.ROLE_OFFLOAD:
+        return [finding("GDS-066", Severity.SKIP, _not_offload(ctx))]
+    text = ctx.text(ev.VLLM_JOURNAL)
+    if text is None:
+        return [ctx.skip("GDS-066", ev.VLLM_JOURNAL)]
+    lines = text.splitlines()
+    found = []
+    shown: list[str] = []
+    for needle, meaning in JOURNAL_PROBLEMS:
+        hits = [ln.strip() for ln in lines if needle in ln]
+        if hits:
+            found.append(f"{len(hits)}x '{needle}': {meaning}")
+            shown.extend(hits[:2])
+    if found:
+        return [finding("GDS-066", Severity.FAIL, "; ".join(found), "\n".join(shown))]
+    return [finding("GDS-066", Severity.PASS, f"{len(lines)} log lines, no LMCache fallback")]
+
+
 CHECKS = [
     check_gds_path,
     check_buffer_key,
@@ -204,4 +234,5 @@ CHECKS = [
     check_prometheus_dir,
     check_unknown_keys,
     check_gds_stays_on,
+    check_service_log,
 ]

@@ -87,13 +87,49 @@ def check_counters_rise(ctx: Context) -> list[Finding]:
     before = io_counts(parse_nvfs_stats(before_text))
     after = io_counts(parse_nvfs_stats(after_text))
     if before is None or after is None:
+        cannot = _counters_cannot_move(ctx)
+        if cannot is not None:
+            return [cannot]
         return [finding("GDS-051", Severity.FAIL, "nvidia-fs stats have no Reads/Writes counters")]
     reads, writes = after[0] - before[0], after[1] - before[1]
     shown = f"Reads n: {before[0]} -> {after[0]}\nWrites n: {before[1]} -> {after[1]}"
     if reads > 0 and writes > 0:
         return [finding("GDS-051", Severity.PASS, f"+{reads} reads, +{writes} writes", shown)]
+    cannot = _counters_cannot_move(ctx, shown)
+    if cannot is not None:
+        return [cannot]
     msg = f"nvidia-fs saw +{reads} reads, +{writes} writes: IO bypassed GDS (compat mode?)"
     return [finding("GDS-051", Severity.FAIL, msg, shown)]
+
+
+STATS_PARAM = "/sys/module/nvidia_fs/parameters/rw_stats_enabled"
+
+
+def _counters_cannot_move(ctx: Context, shown: str = "") -> Finding | None:
+    """A reason the counters stand still that is not a GDS bypass: nvidia-fs counts reads and
+    writes only with its `rw_stats_enabled` parameter set, and never counts P2PDMA I/O (NVIDIA
+    GDS Troubleshooting Guide, "nvidia-fs statistics"; compat and P2PDMA I/O are not counted)."""
+    params = ctx.data(ev.NVFS_PARAMS)
+    if params is not None and str(params.get("rw_stats_enabled", "")).strip() == "0":
+        msg = (
+            "nvidia-fs read/write statistics are disabled (rw_stats_enabled=0), so the "
+            f"counters cannot move: not judged. Enable: `echo 1 > {STATS_PARAM}` (root), then "
+            "rerun with --storage-bench"
+        )
+        return finding("GDS-051", Severity.SKIP, msg, shown)
+    cufile = ctx.cufile
+    p2p_keys = ("properties.use_pci_p2pdma", "fs.nfs.use_pci_p2pdma")
+    p2p_config = cufile is not None and any(cufile.get(k) is True for k in p2p_keys)
+    report = ctx.gdscheck
+    direct = report.direct_modes("NFS") if report is not None else []
+    if p2p_config or ("p2pdma" in direct and "nvfs" not in direct):
+        msg = (
+            "cuFile uses PCI P2PDMA for NFS, which nvidia-fs does not count: the counters "
+            "cannot prove the path (see GDS-040 and the gdsio throughput, GDS-050)"
+        )
+        remedy = "To prove it by counters, bench with use_pci_p2pdma false (nvidia-fs path)."
+        return finding("GDS-051", Severity.WARN, msg, shown, remedy=remedy)
+    return None
 
 
 CHECKS = [check_throughput, check_counters_rise]

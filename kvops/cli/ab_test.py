@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -21,7 +22,13 @@ from kvops.errors import RC
 from kvops.loadgen.record import RequestRecord
 from kvops.metrics import parse_slo
 from kvops.report.abtest_table import render_table
-from kvops.workload.spec import PRESET_NAMES, WorkloadSpec, load_preset, load_spec_file
+from kvops.workload.spec import (
+    PRESET_NAMES,
+    REQUEST_ORDERS,
+    WorkloadSpec,
+    load_preset,
+    load_spec_file,
+)
 
 EXAMPLES = """
 \b
@@ -81,9 +88,10 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
 @click.option(
     "--trials",
     type=click.IntRange(1),
-    default=2,
+    default=4,
     show_default=True,
-    help="Trials per arm, in ABBA order.",
+    help="Trials per arm, in ABBA order. Each trial is one paired observation: a verdict needs "
+    "2 or more, and the interval narrows with more (an even number cancels linear drift).",
 )
 @click.option(
     "--warmup-iterations",
@@ -144,7 +152,22 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     metavar="ttft_ms=N,tpot_ms=N",
     help="Goodput SLOs (ms; ttft_ms, tpot_ms, e2el_ms).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option(
+    "--seed",
+    type=click.IntRange(0),
+    default=None,
+    help="Run seed for prompts (suffixes, unique prompts, prefixes) and request order. Default: "
+    "fresh per run, recorded in run.json, so a persistent KV tier never holds this run's "
+    "prompts from an earlier one; pass a recorded seed to repeat a run exactly.",
+)
+@click.option(
+    "--request-order",
+    type=click.Choice(REQUEST_ORDERS),
+    default=None,
+    help="Send order within an iteration: shuffled (seeded, as vllm bench serve) or cyclic "
+    "(prefix 0, 1, ..., N-1, 0, ...: LRU's worst case). Default: the workload's "
+    "(presets: shuffled).",
+)
 @click.option(
     "--out",
     type=click.Path(path_type=Path, file_okay=False),
@@ -174,8 +197,9 @@ def ab_test(**kw: Any) -> RC:
     """Compare serving with and without KV-cache offload on the same workload.
 
     Runs the workload against each arm over several trials (ABBA order), one arm at a time,
-    and reports each arm's vLLM-bench-serve metrics, each delta with a bootstrap 95% CI and
-    a verdict: offload helps / hurts / no significant difference. Every request is recorded
+    and reports each arm's vLLM-bench-serve metrics, each delta with a 95% interval from the
+    paired trials and a verdict: offload helps / hurts / no significant difference (not enough
+    trials below 2; invalid when an arm's requests failed). Every request is recorded
     as it completes in the run directory, with the spec, arm URLs and /version answers.
     """
     err = Console(stderr=True)
@@ -258,7 +282,8 @@ class CliArgs:
     stall_timeout_s: float
     workers: int | None
     slo: str | None
-    seed: int
+    seed: int | None
+    request_order: str | None
     out: Path | None
     overwrite: bool
     resume: Path | None
@@ -280,6 +305,8 @@ def _request(a: CliArgs) -> AbTestRequest:
     if a.model:
         arms = [Arm(arm.name, arm.url, a.model) for arm in arms]
     scenarios = _scenarios(a.scenario, a.workload, a.scale)
+    if a.request_order is not None:
+        scenarios = [dataclasses.replace(s, request_order=a.request_order) for s in scenarios]
     options = Options(
         trials=a.trials,
         warmup_iterations=a.warmup_iterations,

@@ -176,28 +176,64 @@ def serve(**opts: Any) -> None:
 @click.option("--model", default="llama-3.1-8b", show_default=True)
 @click.option("--gpu", default="h100-sxm-80gb", show_default=True)
 @click.option("--storage", default="ontap-nfs-rdma-200g", show_default=True)
-@click.option("--iterations", default=4, show_default=True, type=int)
-@click.option("--batch-size", default=40, show_default=True, type=int)
+@click.option("--tensor-parallel-size", "-tp", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--num-prefixes", default=20, show_default=True, type=click.IntRange(1),
+              help="Shared prefixes (multi-prefix).")  # fmt: skip
+@click.option("--prefix-tokens", default=28_000, show_default=True, type=click.IntRange(1))
+@click.option("--prompt-tokens", default=30_000, show_default=True, type=click.IntRange(2),
+              help="Whole prompt: prefix + unique suffix.")  # fmt: skip
+@click.option("--output-tokens", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--iterations", default=4, show_default=True, type=click.IntRange(1))
+@click.option("--warmup-iterations", default=1, show_default=True, type=click.IntRange(0),
+              help="Leading iterations left out of the figures (as kvops ab-test).")  # fmt: skip
+@click.option("--batch-size", default=40, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--request-order",
+    type=click.Choice(["shuffled", "cyclic"]),
+    default="shuffled",
+    show_default=True,
+    help="Send order within an iteration (as kvops ab-test).",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
-def run(
-    model: str, gpu: str, storage: str, scenario: str, iterations: int, batch_size: int, seed: int
-) -> None:
-    """Run a seed scenario in virtual time, baseline and offload arms, and print JSON.
+def run(**opts: Any) -> None:
+    """Run a seed scenario in virtual time, baseline and offload arms, and print JSON
+    (throughput, mean TTFT and ITL, cache hits; the first --warmup-iterations left out, requests
+    shuffled within an iteration: the protocol of `kvops ab-test`).
 
     \b
-    Example:
+    Examples:
       kvops sim run --scenario multi-prefix --storage ontap-nfs-rdma-400g
+      kvops sim run --num-prefixes 8 --output-tokens 256 --request-order cyclic
     """
     from kvops.sim.seed_workloads import SeedShape, run_batches, seed_batches, summarize
 
+    model, gpu, storage, scenario = opts["model"], opts["gpu"], opts["storage"], opts["scenario"]
     _check_profiles(model, gpu, storage)
-    vocab = load_model(model).vocab_size
-    shape = SeedShape(iterations=iterations, batch_size=batch_size, seed=seed, vocab_size=vocab)
+    if opts["prompt_tokens"] <= opts["prefix_tokens"]:
+        raise click.BadParameter("must exceed --prefix-tokens", param_hint="--prompt-tokens")
+    if opts["warmup_iterations"] >= opts["iterations"]:
+        raise click.BadParameter("must be below --iterations", param_hint="--warmup-iterations")
+    shape = SeedShape(
+        prefix_tokens=opts["prefix_tokens"],
+        suffix_tokens=opts["prompt_tokens"] - opts["prefix_tokens"],
+        num_prefixes=opts["num_prefixes"],
+        batch_size=opts["batch_size"],
+        iterations=opts["iterations"],
+        output_tokens=opts["output_tokens"],
+        vocab_size=load_model(model).vocab_size,
+        seed=opts["seed"],
+        request_order=opts["request_order"],
+    )
     out: dict[str, Any] = {"scenario": scenario, "model": model, "gpu": gpu, "storage": storage}
+    out["shape"] = dataclasses.asdict(shape)
+    skip = opts["warmup_iterations"] * shape.batch_size
     for arm, offload in (("baseline", False), ("offload", True)):
         lm = LMCacheSettings(local_cpu=False, gds_path="(virtual)", gds_buffer_size=8192)
-        engine = build_engine(model, gpu, storage, EngineSettings(offload=offload, lmcache=lm))
-        summary = summarize(run_batches(engine, seed_batches(scenario, shape)))
+        settings = EngineSettings(
+            offload=offload, lmcache=lm, tensor_parallel_size=opts["tensor_parallel_size"]
+        )
+        engine = build_engine(model, gpu, storage, settings)
+        summary = summarize(run_batches(engine, seed_batches(scenario, shape)), skip)
         out[arm] = {"num_gpu_blocks": engine.cache.num_blocks, **dataclasses.asdict(summary)}
     json.dump(out, sys.stdout, indent=2)
     click.echo()

@@ -228,7 +228,7 @@ def collect_service(p: Probe, settings: Dict[str, Any]) -> Dict[str, Any]:
             "--no-pager",
             unit,
             "-p",
-            "LoadState,ActiveState,MainPID,User",
+            "LoadState,ActiveState,MainPID,User,InvocationID",
             "-p",
             "Environment,EnvironmentFiles,ExecStart",
         ],
@@ -301,12 +301,29 @@ def collect_service(p: Probe, settings: Dict[str, Any]) -> Dict[str, Any]:
             "LMCACHE_CONFIG_FILE not in the service environment",
             "duration_s": 0.0,
         }
+    collect_journal(p, unit, (show.get("InvocationID") or [""])[-1])
     argv = (proc_data or {}).get("argv") or _exec_start_argv(show.get("ExecStart", []))
     collect_lmcache_version(p, argv, env, settings, pid if proc_data else 0)
     user = settings.get("service_user") or (proc_data or {}).get("user")
     if not user and show:
         user = (show.get("User") or [""])[-1] or "root"
     return {"env": env, "service_user": user}
+
+
+JOURNAL_LINES = 3000
+
+
+def collect_journal(p: Probe, unit: str, invocation: str) -> None:
+    """The service's log of its current run (systemd's InvocationID), else of this boot: LMCache
+    reports a missing compiled extension or an ignored key only there, as a warning."""
+    argv = ["journalctl", "--no-pager", "-o", "cat", "-n", str(JOURNAL_LINES)]
+    if invocation:
+        argv.append("_SYSTEMD_INVOCATION_ID=%s" % invocation)
+    else:
+        argv += ["-b", "-u", unit]
+    item = p.command("vllm_journal", argv)
+    if item.get("stdout"):
+        item["stdout"] = redact_text(item["stdout"])
 
 
 def _url_port(url: str) -> Optional[int]:

@@ -36,6 +36,7 @@ def collect_platform(p: Probe) -> None:
     p.file("mounts", "/proc/mounts")
     p.file("cmdline", "/proc/cmdline")
     iommu(p)
+    pci_acs(p)
     nvidia_topo(p)  # last: slower than the reads above (seconds on a large box)
 
 
@@ -145,11 +146,40 @@ def iommu(p: Probe) -> None:
     root = p.path("/sys/kernel/iommu_groups")
     if p.out_of_time("iommu", KIND_SYSFS, root):
         return
+    types: Dict[str, int] = {}
     try:
-        count = len([n for n in os.listdir(root) if n.isdigit()])
+        groups = [n for n in os.listdir(root) if n.isdigit()]
         error = None
     except FileNotFoundError:
-        count, error = 0, None  # no iommu_groups directory: IOMMU off or not exposed
+        groups, error = [], None  # no iommu_groups directory: IOMMU off or not exposed
     except OSError as exc:
-        count, error = 0, "cannot list %s: %s" % (root, exc)
-    p.structured("iommu", KIND_SYSFS, root, {"group_count": count}, error, start)
+        groups, error = [], "cannot list %s: %s" % (root, exc)
+    for group in groups:
+        # the group's default domain: identity = pass-through, DMA/DMA-FQ = translated
+        # (https://docs.kernel.org/admin-guide/abi-testing.html, /sys/kernel/iommu_groups/)
+        kind = read_text(os.path.join(root, group, "type"))
+        if kind:
+            types[kind] = types.get(kind, 0) + 1
+    data: Dict[str, Any] = {"group_count": len(groups)}
+    if types:
+        data["types"] = types
+    p.structured("iommu", KIND_SYSFS, root, data, error, start)
+
+
+ACS_LINE_MARKERS = ("ACSCap:", "ACSCtl:", "<access denied>")
+
+
+def pci_acs(p: Probe) -> None:
+    """`lspci -vvv`, kept to device headers and ACS lines: whether PCIe bridges redirect
+    peer-to-peer requests up to the root complex (ACS ReqRedir/CmpltRedir), which defeats
+    GPU↔NIC P2P under one switch (NVIDIA GDS Troubleshooting Guide, "PCIe ACS")."""
+    item = p.command("pci_acs", ["lspci", "-vvv"])
+    text = item.get("stdout") or ""
+    if text:
+        kept = [
+            ln
+            for ln in text.splitlines()
+            if (ln and not ln[0].isspace()) or any(m in ln for m in ACS_LINE_MARKERS)
+        ]
+        item["stdout"] = "\n".join(kept) + "\n"
+        item["filtered"] = "device headers and ACS lines of lspci -vvv"

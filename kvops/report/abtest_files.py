@@ -14,7 +14,7 @@ from typing import Any
 
 from kvops.loadgen.record import RequestRecord
 from kvops.report.abtest_plots import write_plots
-from kvops.report.abtest_table import fmt_num, fmt_pct
+from kvops.report.abtest_table import fmt_num, fmt_pct, protocol_line
 
 
 def write_reports(
@@ -60,13 +60,14 @@ def markdown(doc: dict[str, Any], plots: list[Path], note: str | None) -> str:
     status = (
         f"Status: **{doc['status']}**; run directory `{doc['run_dir']}`; "
         f"schema version {doc['schema_version']}."
+        + (f" {doc['status_detail']}." if doc.get("status_detail") else "")
     )
     out = ["# kvops ab-test report", "", status, "", "## Arms", ""]
     out += [f"- {line}" for line in _arm_lines(doc)]
     if doc["warnings"]:
         out += ["", "## Warnings", ""] + [f"- {w}" for w in doc["warnings"]]
     for name, sc in doc["scenarios"].items():
-        out += ["", f"## {name}: offload {sc['verdict']}", ""]
+        out += ["", f"## {name}: offload {sc['verdict']}", "", f"({protocol_line(doc, sc)})", ""]
         out += ["| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
         out += ["| " + " | ".join(r) + " |" for r in _rows(doc, name)]
         out += [""] + [
@@ -97,7 +98,8 @@ def to_html(doc: dict[str, Any], plots: list[Path], note: str | None) -> str:
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px}"
         ".helps{color:#080;font-weight:bold}.hurts{color:#b00;font-weight:bold}</style></head><body>",
         f"<h1>kvops ab-test report</h1><p>Status: <b>{e(doc['status'])}</b>; run directory "
-        f"<code>{e(doc['run_dir'])}</code></p><h2>Arms</h2><ul>",
+        f"<code>{e(doc['run_dir'])}</code> {e(doc.get('status_detail') or '')}</p>",
+        "<h2>Arms</h2><ul>",
         *[f"<li>{e(line)}</li>" for line in _arm_lines(doc)],
         "</ul>",
     ]

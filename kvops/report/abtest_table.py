@@ -70,7 +70,7 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         style = _STYLE.get(sc["verdict"], "bold")
         console.print(
             f"{name}: offload [{style}]{sc['verdict']}[/]  [dim](errors: {errs}; "
-            f"cached-token share: {share})[/]"
+            f"cached-token share: {share}; {protocol_line(doc, sc)})[/]"
         )
     _prediction_lines(doc, arm_names, console)
     client = doc.get("client", {})
@@ -88,6 +88,8 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         console.print(f"[bold yellow]warning:[/] {w}")
     if doc.get("status") != "complete":
         console.print(f"[bold yellow]run {doc.get('status')}: figures cover what completed[/]")
+    if doc.get("status_detail"):
+        console.print(f"[bold red]{doc['status_detail']}: its verdicts are void[/]")
 
 
 def _prediction_lines(doc: dict[str, Any], arm_names: list[str], console: Console) -> None:
@@ -107,6 +109,13 @@ def _prediction_lines(doc: dict[str, Any], arm_names: list[str], console: Consol
                 parts.append(f"{label} {fmt_num(b)} → {fmt_num(c)} ({fmt_pct(100 * (c / b - 1))})")
         if parts:
             console.print(f"[dim]{name}: the model predicts {base} → {cand}: {'; '.join(parts)}[/]")
+
+
+def protocol_line(doc: dict[str, Any], sc: dict[str, Any]) -> str:
+    """How the requests were sent, which changes what a cache can reuse: order, run seed."""
+    order = sc["workload"].get("request_order", "cyclic")
+    seed = (doc.get("options") or {}).get("seed")
+    return f"requests {order}" + (f", run seed {seed}" if seed is not None else "")
 
 
 def _share(x: Any) -> str:

@@ -360,9 +360,16 @@ class Engine:
                     seq.chunks_saved = full
         stored: list[int] = []
         if offload is not None and to_store:
-            copy_s = costs.device_copy_s(len(to_store) * chunk_size)
-            wait_s, stored = offload.store(to_store, end_s + copy_s, self.settings.store_blocking)
-            end_s += copy_s + wait_s
+            # LMCache asks its storage which chunks it already holds and copies only the others
+            # out of the paged KV cache (LMCacheEngine.store: `contains` before allocate/copy,
+            # https://github.com/LMCache/LMCache lmcache/v1/cache_engine.py): a shared prefix
+            # is copied once, not once per request.
+            fresh = list(dict.fromkeys(h for h in to_store if not offload.is_stored(h)))
+            if fresh:
+                copy_s = costs.device_copy_s(len(fresh) * chunk_size)
+                self.stats.offload_copied_tokens += len(fresh) * chunk_size
+                wait_s, stored = offload.store(fresh, end_s + copy_s, self.settings.store_blocking)
+                end_s += copy_s + wait_s
         token_ids: list[str] = []
         finished: list[RequestRecord] = []
         for seq in emitting:

@@ -67,6 +67,7 @@ class EngineStats:
     request_success: int = 0
     num_steps: int = 0
     busy_s: float = 0.0
+    offload_copied_tokens: int = 0  # copied from the paged KV cache to LMCache's buffer
 
 
 @dataclass

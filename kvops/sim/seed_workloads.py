@@ -12,6 +12,7 @@ Each is a list of batches; a batch is sent all at once when the previous one has
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ class SeedShape:
     output_tokens: int = 64
     vocab_size: int = 128_256
     seed: int = 0
+    request_order: str = "shuffled"  # or "cyclic": prefix 0, 1, ..., N-1, 0, ... (as ab-test)
 
 
 def seed_batches(scenario: str, shape: SeedShape = SeedShape()) -> list[list[Request]]:
@@ -54,7 +56,8 @@ def iter_seed_batches(scenario: str, shape: SeedShape = SeedShape()) -> Iterator
     ]
     for it in range(shape.iterations):
         batch = []
-        order = rng.permutation(shape.batch_size)
+        shuffled = rng.permutation(shape.batch_size)
+        order = shuffled if shape.request_order == "shuffled" else range(shape.batch_size)
         for j in order:
             rid = f"{scenario}-{it}-{j}"
             if n_prefixes == 0:
@@ -85,17 +88,23 @@ class Summary:
     mean_ttft_ms: float
     gpu_hit_tokens: int
     offload_hit_tokens: int
+    mean_itl_ms: float = 0.0
 
 
-def summarize(records: list[RequestRecord]) -> Summary:
+def summarize(records: list[RequestRecord], skip_first: int = 0) -> Summary:
+    """Figures over the records, leaving out the first `skip_first` (a warm-up iteration's
+    requests, as `kvops ab-test --warmup-iterations` leaves them out)."""
+    records = records[skip_first:]
     start = min(r.arrival_s for r in records)
     end = max(r.finish_s or r.arrival_s for r in records)
     tokens = sum(r.prompt_tokens + len(r.token_times_s) for r in records)
     ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
+    gaps = [b - a for r in records for a, b in itertools.pairwise(r.token_times_s)]
     return Summary(
         duration_s=end - start,
         total_token_throughput_tok_s=tokens / (end - start) if end > start else 0.0,
         mean_ttft_ms=1e3 * sum(ttfts) / len(ttfts) if ttfts else 0.0,
         gpu_hit_tokens=sum(r.gpu_hit_tokens for r in records),
         offload_hit_tokens=sum(r.offload_hit_tokens for r in records),
+        mean_itl_ms=1e3 * sum(gaps) / len(gaps) if gaps else 0.0,
     )

@@ -6,9 +6,12 @@ text through `/tokenize`, or a range below `--vocab-size`). Servers that refuse 
 text built from words that each tokenize to exactly one token (see `kvops.loadgen.calibrate`,
 which asks the server: calibration is the client's job, this module knows no HTTP).
 
-Every random draw uses a local generator keyed by (seed, role, ...) so a prefix is identical in
-every arm and trial, suffixes are identical across arms within a trial, and a different trial
-gets fresh suffixes (a repeated whole prompt would be an unfair full-cache hit).
+Every random draw uses a local generator keyed by (spec seed, run seed, role, ...) so a prefix is
+identical in every arm and trial, suffixes are identical across arms within a trial, and a
+different trial gets fresh suffixes (a repeated whole prompt would be an unfair full-cache hit).
+The run seed is fresh for every `kvops ab-test` run (recorded in run.json, reusable with
+`--seed`): a persistent KV tier (LMCache's GDS directory survives restarts and
+`/reset_prefix_cache`) must never hold a previous run's "unique" prompts.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 
 from kvops.workload.spec import WorkloadSpec
 
-_PREFIX, _SUFFIX = 0, 1
+_PREFIX, _SUFFIX, _ORDER = 0, 1, 2
 
 
 def _salt(spec: WorkloadSpec) -> int:
@@ -126,13 +129,25 @@ def _join(head: list[int] | str, tail: list[int] | str) -> list[int] | str:
     raise TypeError("prefix and suffix must both be text or both be token ids")
 
 
-def make_prefixes(spec: WorkloadSpec, alphabet: Alphabet) -> list[list[int] | str]:
+def make_prefixes(
+    spec: WorkloadSpec, alphabet: Alphabet, run_seed: int = 0
+) -> list[list[int] | str]:
     """The shared prefixes; text prefixes leave room for the tokenizer's special tokens."""
     n = spec.prefix_tokens - (alphabet.special_tokens if alphabet.is_text else 0)
     return [
-        _render(alphabet, _draw(alphabet, n, (spec.seed, _salt(spec), _PREFIX, p)))
+        _render(alphabet, _draw(alphabet, n, (spec.seed, run_seed, _salt(spec), _PREFIX, p)))
         for p in range(spec.num_prefixes)
     ]
+
+
+def send_order(spec: WorkloadSpec, *, trial: int, iteration: int, run_seed: int = 0) -> list[int]:
+    """Request indices of one iteration in send order: shuffled with a generator keyed by
+    (seeds, trial, iteration), so both arms of a trial get the same order; or cyclic."""
+    n = spec.per_iteration
+    if spec.request_order == "cyclic":
+        return list(range(n))
+    rng = np.random.default_rng([spec.seed, run_seed, _salt(spec), _ORDER, trial, iteration])
+    return [int(j) for j in rng.permutation(n)]
 
 
 def plan_iteration(
@@ -143,17 +158,18 @@ def plan_iteration(
     trial: int,
     iteration: int,
     id_prefix: str = "",
+    run_seed: int = 0,
 ) -> list[PlannedRequest]:
-    """The requests of one iteration, in send order, with their batch numbers."""
+    """The requests of one iteration, in send order (see `send_order`), with their batch
+    numbers. Request j keeps prefix j mod N and its own suffix whatever its place."""
     planned: list[PlannedRequest] = []
     specials = alphabet.special_tokens if alphabet.is_text else 0
-    for j in range(spec.per_iteration):
+    order = send_order(spec, trial=trial, iteration=iteration, run_seed=run_seed)
+    for position, j in enumerate(order):
         prefix_id = j % spec.num_prefixes if spec.num_prefixes else None
         n_suffix = spec.suffix_tokens - (specials if prefix_id is None else 0)
-        suffix = _render(
-            alphabet,
-            _draw(alphabet, n_suffix, (spec.seed, _salt(spec), _SUFFIX, trial, iteration, j)),
-        )
+        key = (spec.seed, run_seed, _salt(spec), _SUFFIX, trial, iteration, j)
+        suffix = _render(alphabet, _draw(alphabet, n_suffix, key))
         prompt = suffix if prefix_id is None else _join(prefixes[prefix_id], suffix)
         req = SampleRequest(
             request_id=f"{id_prefix}t{trial}-i{iteration}-r{j}",
@@ -162,5 +178,5 @@ def plan_iteration(
             prefix_id=prefix_id,
             intended_prompt_tokens=spec.prompt_tokens,
         )
-        planned.append(PlannedRequest(iteration, j // spec.batch_size, j, req))
+        planned.append(PlannedRequest(iteration, position // spec.batch_size, j, req))
     return planned

@@ -19,6 +19,7 @@ import yaml
 from kvops.errors import KvopsError
 
 PRESET_NAMES = ("unique-one-shot", "single-shared-prefix", "multi-shared-prefix")
+REQUEST_ORDERS = ("shuffled", "cyclic")
 
 
 class SpecError(KvopsError, ValueError):
@@ -31,7 +32,11 @@ class WorkloadSpec:
 
     Each iteration sends `requests_per_iteration` prompts (default: `batch_size`). Request j of
     an iteration starts with prefix j mod `num_prefixes` (none when 0), followed by a unique
-    random suffix up to `prompt_tokens`. Batch mode (no `rate`): requests go out in groups of
+    random suffix up to `prompt_tokens`. `request_order` says how an iteration's requests are
+    sent: `shuffled` (default, seeded, as `vllm bench serve` shuffles its prefix-repetition
+    dataset) or `cyclic` (prefix 0, 1, ..., N-1, 0, 1, ...: LRU then evicts each prefix just
+    before its next use, which is the worst case for a GPU cache, not typical traffic).
+    Batch mode (no `rate`): requests go out in groups of
     `batch_size` released together, each group after the previous one completed. Rate mode:
     arrivals at `rate` requests/s (gamma gaps, shape `burstiness`; `inf` = all at once), at most
     `max_concurrency` in flight. Prefixes repeat across iterations; that reuse is what offload
@@ -50,6 +55,7 @@ class WorkloadSpec:
     burstiness: float = 1.0
     max_concurrency: int | None = None
     seed: int = 0
+    request_order: str = "shuffled"
 
     @property
     def per_iteration(self) -> int:
@@ -124,6 +130,10 @@ def spec_from_dict(data: Any, source: str = "spec") -> WorkloadSpec:
 
 
 def _check_field(key: str, value: Any, source: str) -> Any:
+    if key == "request_order":
+        if value not in REQUEST_ORDERS:
+            raise SpecError(f"{source}: request_order must be one of {', '.join(REQUEST_ORDERS)}")
+        return value
     if key in ("name", "description"):
         if not isinstance(value, str):
             raise SpecError(f"{source}: {key} must be a string")

@@ -132,7 +132,11 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
     assert proc.returncode == 1, stderr
     assert "Traceback" not in stderr
     doc = _results(out)
-    assert doc["status"] == "complete"
+    # the broken arm gets no verdict, and the status says which arm broke and when
+    assert doc["status"] == "invalid"
+    assert doc["status_detail"].startswith("arm offload broke in custom:")
+    verdicts = {c["verdict"] for c in doc["scenarios"]["custom"]["comparisons"]}
+    assert len(verdicts) == 1 and verdicts.pop().startswith("invalid: ")
     offload = doc["scenarios"]["custom"]["arms"]["offload"]
     assert offload["errors_total"] > 0
     assert doc["scenarios"]["custom"]["arms"]["baseline"]["errors_total"] == 0

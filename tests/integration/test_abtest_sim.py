@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(700)
 def test_three_seed_outcomes_on_embedded_engines(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "kvops", "ab-test", "--scenario", "all", "--scale", "0.1",
          "--out", str(out), "--json"],
-        capture_output=True, text=True, timeout=380,
+        capture_output=True, text=True, timeout=680,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
@@ -28,7 +28,11 @@ def test_three_seed_outcomes_on_embedded_engines(tmp_path: Path) -> None:
     multi = doc["scenarios"]["multi-shared-prefix"]
     tput = next(c for c in multi["comparisons"] if c["metric"] == "total_token_throughput_tok_s")
     assert tput["ci95_low_pct"] > 0
-    assert multi["arms"]["offload"]["metrics"]["cached_token_share"] > 0.5
-    assert multi["arms"]["baseline"]["metrics"]["cached_token_share"] < 0.2
+    # shuffled order (as vllm bench serve): the baseline's GPU cache keeps some prefixes between
+    # uses, offload serves nearly all of them
+    shares = {a: multi["arms"][a]["metrics"]["cached_token_share"] for a in multi["arms"]}
+    assert shares["offload"] > 0.8 and shares["offload"] > shares["baseline"] + 0.2, shares
+    assert multi["workload"]["request_order"] == "shuffled"
+    assert "requests shuffled" in (out / "report.md").read_text()
     assert doc["embedded_engines"] is True
     assert (out / "sim-baseline.log").exists() and (out / "lmcache-offload.yaml").exists()

@@ -56,7 +56,7 @@ STACK_CHECKS = (
     "GDS-034", "GDS-040", "GDS-041", "GDS-042", "GDS-080", "GDS-081", "GDS-082",
 )  # fmt: skip
 INFERENCE_CHECKS = (
-    "GDS-060", "GDS-061", "GDS-062", "GDS-063", "GDS-064", "GDS-065",
+    "GDS-060", "GDS-061", "GDS-062", "GDS-063", "GDS-064", "GDS-065", "GDS-066",
     "GDS-070", "GDS-071", "GDS-072", "GDS-073",
 )  # fmt: skip
 

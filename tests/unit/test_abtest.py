@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from kvops.abtest.arms import Arm, ArmInfo, arm_differences, parse_arm
-from kvops.abtest.experiment import Options, segment_plan
+from kvops.abtest.experiment import Options, segment_plan, trial_warnings
 from kvops.abtest.results import build_results
 from kvops.abtest.rundir import RunDir, RunDirError
-from kvops.loadgen.record import JsonlWriter, RequestRecord
+from kvops.loadgen.record import JsonlWriter, RequestRecord, read_records
 from kvops.report.abtest_files import write_reports
 from kvops.report.abtest_table import render_table
 from kvops.workload import spec_from_dict
@@ -223,3 +224,48 @@ def test_attempts_order_numerically() -> None:
     from kvops.abtest.results import attempt_number
 
     assert sorted(["a10-", "a9-", "a0-"], key=attempt_number) == ["a0-", "a9-", "a10-"]
+
+
+def _edit_records(rd: RunDir, edit: Callable[[RequestRecord], None]) -> None:
+    recs = list(read_records(rd.records_path))
+    for r in recs:
+        edit(r)
+    rd.records_path.write_text("".join(r.to_json() + "\n" for r in recs))
+
+
+def test_a_broken_arm_voids_every_verdict_and_the_status_names_it(tmp_path: Path) -> None:
+    """The offload server died in trial 2: its survivors must not be judged."""
+    rd = _write_run(tmp_path)
+
+    def kill(r: RequestRecord) -> None:
+        if r.arm == "offload" and r.trial == 1 and r.iteration >= 2:
+            r.error, r.chunk_offsets_ms = "connection refused", []
+
+    _edit_records(rd, kill)
+    doc = build_results(rd).doc
+    sc = doc["scenarios"]["custom"]
+    assert {c["verdict"] for c in sc["comparisons"]} == {"invalid: 8 errors"}
+    assert sc["verdict"] == "invalid: 8 errors"
+    assert doc["status"] == "invalid"
+    assert "arm offload broke in custom: 8 of 24" in doc["status_detail"]
+    assert "trial 2, iteration 3" in doc["status_detail"]
+
+
+def test_cache_hits_beyond_the_shared_prefix_warn_of_a_warm_tier(tmp_path: Path) -> None:
+    rd = _write_run(tmp_path)
+    assert not any("WARM CACHE TIER" in w for w in build_results(rd).doc["warnings"])
+
+    def warm(r: RequestRecord) -> None:
+        if r.arm == "offload":
+            r.cached_tokens = 9  # a unique 10-token prompt cannot be cached within this run
+
+    _edit_records(rd, warm)
+    warnings = build_results(rd).doc["warnings"]
+    hits = [w for w in warnings if "WARM CACHE TIER" in w]
+    assert len(hits) == 1 and "arm offload" in hits[0] and "gds_path" in hits[0]
+
+
+def test_odd_or_single_trials_are_flagged() -> None:
+    assert trial_warnings(2) == trial_warnings(4) == []
+    assert "no verdict" in trial_warnings(1)[0]
+    assert "odd" in trial_warnings(3)[0]

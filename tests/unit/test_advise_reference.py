@@ -14,10 +14,11 @@ from click.testing import CliRunner
 from kvops.advise.analysis import AdviseOptions, Analysis, analyse
 from kvops.advise.arms import Profiles
 from kvops.advise.recommend import HELPS, NO_GAIN, advise
-from kvops.advise.trace import ReadOptions, load_workload
+from kvops.advise.trace import ReadOptions, load_workload, spec_workload
 from kvops.advise.workload import PromptBuilder
 from kvops.cli import main
 from kvops.sim.profiles import load_gpu, load_model, load_storage
+from kvops.workload.spec import load_preset
 
 PROFILES = Profiles(
     load_model("llama-3.1-8b"), load_gpu("h100-sxm-80gb"), load_storage("ontap-nfs-rdma-200g")
@@ -60,15 +61,27 @@ def test_many_overflowing_prefixes_help_case_3(multi: Analysis) -> None:
     assert multi.delta("total_token_throughput_tok_s").pct > 30
     assert multi.delta("mean_ttft_ms").pct < -20
     assert multi.reuse.shared_working_set_tokens > multi.sizing.gpu_kv_capacity_tokens
-    assert multi.offload.total_hit_rate > multi.baseline.gpu_hit_rate + 0.5
+    # Requests go out shuffled (as vllm bench serve sends them), so the GPU cache alone keeps
+    # some prefixes between their uses; offload serves far more of them.
+    assert multi.offload.total_hit_rate > multi.baseline.gpu_hit_rate + 0.25
     assert any("reference case 3" in line for line in advice.explanation)
 
 
-def test_simulated_break_even_and_flip_agree_with_closed_form(multi: Analysis) -> None:
-    closed = multi.sizing.break_even_read_gb_s
-    assert multi.sim_break_even_gb_s is not None and multi.flip_read_gb_s is not None
-    assert multi.sim_break_even_gb_s == pytest.approx(closed, rel=0.10)
-    assert multi.flip_read_gb_s == pytest.approx(closed, rel=0.10)
+def test_simulated_break_even_and_flip_agree_with_closed_form() -> None:
+    """The closed form prices reading a prefix against recomputing it, which is the baseline's
+    lot when every prefix misses: cyclic order (LRU evicts each prefix before its next use).
+    Shuffled order lets the baseline's GPU cache keep some, which raises the break-even."""
+    spec = dataclasses.replace(load_preset("multi-shared-prefix"), request_order="cyclic")
+    cyclic = analyse(
+        spec_workload(spec, PROFILES.model.vocab_size, "cyclic"),
+        PROFILES,
+        AdviseOptions(corners=False),
+        PromptBuilder(PROFILES.model.vocab_size, 512),
+    )
+    closed = cyclic.sizing.break_even_read_gb_s
+    assert cyclic.sim_break_even_gb_s is not None and cyclic.flip_read_gb_s is not None
+    assert cyclic.sim_break_even_gb_s == pytest.approx(closed, rel=0.10)
+    assert cyclic.flip_read_gb_s == pytest.approx(closed, rel=0.10)
 
 
 def test_ranges_bracket_the_nominal(multi: Analysis) -> None:

@@ -38,6 +38,9 @@ def test_netapp_rdma_host_passes_every_check() -> None:
         (eb.wrong_lmcache_buffer_key, {("GDS-061", "FAIL")}),
         (eb.nic_across_host_bridge, {("GDS-043", "WARN")}),
         (eb.storage_nic_far, {("GDS-043", "WARN")}),
+        (eb.use_gds_yes, {("GDS-065", "FAIL")}),
+        (eb.lmcache_torch_fallback, {("GDS-066", "FAIL")}),
+        (eb.gds_dir_hung, {("GDS-080", "FAIL")}),
     ],
 )
 def test_broken_host_is_flagged_with_the_right_id(build: Any, expected: set[Any]) -> None:

@@ -236,3 +236,16 @@ def test_free_space_floor_from_the_host_beats_the_fleet_default() -> None:
     doc["settings"]["min_free_gib"] = 20
     doc["items"]["gds_dir"]["data"]["free_bytes"] = 15 * 2**30
     assert findings_for(doc, "GDS-082")[0][0] == "FAIL"  # stricter per host, too
+
+
+def test_service_log_warnings_fail_offload_hosts() -> None:
+    assert findings_for(healthy(), "GDS-066")[0][0] == "PASS"
+    line = "[t] LMCache WARNING: Unknown configuration key: gds_io_threads (source: file: /x)\n"
+    doc = healthy()
+    doc["items"]["vllm_journal"]["stdout"] += line
+    [(severity, message)] = findings_for(doc, "GDS-066")
+    assert severity == "FAIL" and "1x 'Unknown configuration key'" in message
+    doc["settings"]["role"] = "baseline"
+    assert findings_for(doc, "GDS-066")[0][0] == "SKIP"
+    doc = edited(vllm_journal=command(["journalctl"], "", exit_code=127))
+    assert findings_for(doc, "GDS-066")[0][0] == "SKIP"

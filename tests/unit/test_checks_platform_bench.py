@@ -36,11 +36,14 @@ def test_platform_verification_failed() -> None:
 
 def test_iommu_from_cmdline_groups_and_gdscheck() -> None:
     on = file_item("/proc/cmdline", "ro intel_iommu=on\n")
-    assert findings_for(edited(cmdline=on), "GDS-042")[0][0] == "FAIL"
+    assert findings_for(edited(cmdline=on), "GDS-042")[0][0] == "WARN"  # default may be pt
+    forced = file_item("/proc/cmdline", "ro iommu.passthrough=0\n")
+    assert findings_for(edited(cmdline=forced), "GDS-042")[0][0] == "FAIL"
     passthrough = file_item("/proc/cmdline", "ro intel_iommu=on iommu=pt\n")
     assert findings_for(edited(cmdline=passthrough), "GDS-042")[0][0] == "PASS"
     groups = data_item("sysfs", "/sys/kernel/iommu_groups", {"group_count": 42})
-    assert findings_for(edited(iommu=groups), "GDS-042")[0][0] == "FAIL"
+    [(severity, message)] = findings_for(edited(iommu=groups), "GDS-042")
+    assert severity == "WARN" and "iommu_groups/*/type" in message
     only_gdscheck = edited(cmdline=None, iommu=None)
     assert findings_for(only_gdscheck, "GDS-042") == [("PASS", "gdscheck: IOMMU disabled")]
 
@@ -99,3 +102,46 @@ def test_truncated_gdscheck_is_a_warning_not_a_verdict() -> None:
     doc = edited(gdscheck=command(["gdscheck", "-p"], cut, truncated=True))
     [(severity, message)] = findings_for(doc, "GDS-040")
     assert severity == "WARN" and "truncated" in message
+
+
+def test_iommu_default_domain_type_decides() -> None:
+    """A kernel built to default to pass-through has IOMMU groups of type identity and no
+    iommu=pt on its command line: that is not a FAIL (it was)."""
+    identity = {"group_count": 42, "types": {"identity": 42}}
+    doc = edited(iommu=data_item("sysfs", "/sys/kernel/iommu_groups", identity))
+    assert findings_for(doc, "GDS-042")[0][0] == "PASS"
+    translated = {"group_count": 42, "types": {"identity": 2, "DMA-FQ": 40}}
+    on_pt = file_item("/proc/cmdline", "ro iommu=pt\n")  # the types are the effective state
+    doc = edited(iommu=data_item("sysfs", "/sys/kernel/iommu_groups", translated), cmdline=on_pt)
+    [(severity, message)] = findings_for(doc, "GDS-042")
+    assert severity == "FAIL" and "40 IOMMU groups translate DMA" in message
+
+
+def test_acs_redirect_is_reported() -> None:
+    assert findings_for(healthy(), "GDS-044")[0][0] == "PASS"
+    doc = healthy()
+    acs = doc["items"]["pci_acs"]
+    acs["stdout"] = acs["stdout"].replace("ReqRedir- CmpltRedir-", "ReqRedir+ CmpltRedir+", 1)
+    [(severity, message)] = findings_for(doc, "GDS-044")
+    assert severity == "WARN" and "ACS redirect on 1 PCIe ports" in message
+    denied = "17:02.0 PCI bridge: X\n\tCapabilities: <access denied>\n"
+    doc = edited(pci_acs=command(["lspci", "-vvv"], denied))
+    assert findings_for(doc, "GDS-044")[0][0] == "SKIP"
+
+
+def test_counters_that_cannot_move_are_not_a_bypass() -> None:
+    doc = healthy()
+    before = doc["items"]["nvfs_stats_before_bench"]["stdout"]
+    doc["items"]["nvfs_stats_after_bench"]["stdout"] = before  # nothing counted
+    assert findings_for(doc, "GDS-051")[0][0] == "FAIL"
+    doc["items"]["nvfs_params"] = data_item(
+        "sysfs", "/sys/module/nvidia_fs/parameters", {"rw_stats_enabled": "0"}
+    )
+    [(severity, message)] = findings_for(doc, "GDS-051")
+    assert severity == "SKIP" and "echo 1 > /sys/module/nvidia_fs/parameters" in message
+    del doc["items"]["nvfs_params"]
+    cufile = doc["items"]["cufile_json"]
+    text = cufile["stdout"]
+    cufile["stdout"] = text.replace('"properties": {', '"properties": {"use_pci_p2pdma": true,', 1)
+    [(severity, message)] = findings_for(doc, "GDS-051")
+    assert severity == "WARN" and "P2PDMA" in message

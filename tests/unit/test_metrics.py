@@ -16,6 +16,7 @@ from kvops.metrics import (
     compute_metrics,
     overall_verdict,
     parse_slo,
+    t975,
     tpot_ms,
     verdict_for,
 )
@@ -90,26 +91,30 @@ def test_parse_slo_rejects_unknown_keys() -> None:
             parse_slo(bad)
 
 
-def _arm(ttft: float, gap: float, n_batches: int = 8, seed: int = 0) -> list[list[RequestRecord]]:
+def _arm(
+    ttft: float, gap: float, n_trials: int = 4, seed: int = 0, trial_noise: float = 0.03
+) -> dict[int, list[RequestRecord]]:
+    """Trials of 3 batches x 10 requests; each trial (segment) has its own speed factor."""
     rng = np.random.default_rng(seed)
-    clusters = []
+    trials: dict[int, list[RequestRecord]] = {}
     t = 0.0
-    for b in range(n_batches):
-        batch = []
-        for _ in range(10):
-            first = ttft * rng.uniform(0.9, 1.1)
-            batch.append(rec(t, [first + gap * k for k in range(5)], batch=b))
-        clusters.append(batch)
-        t += 1.0
-    return clusters
+    for trial in range(n_trials):
+        factor = 1.0 + trial_noise * rng.standard_normal()
+        recs = []
+        for b in range(3):
+            for _ in range(10):
+                first = ttft * factor * rng.uniform(0.95, 1.05)
+                chunks = [first + gap * factor * k for k in range(5)]
+                recs.append(rec(t, chunks, batch=b, trial=trial))
+            t += 1.0
+        trials[trial] = recs
+    return trials
 
 
-def _compare(base: list[list[RequestRecord]], cand: list[list[RequestRecord]], seed: int = 0):
+def _compare(base: dict[int, list[RequestRecord]], cand: dict[int, list[RequestRecord]]):
     return compare_arms(
-        ("baseline", base, compute_metrics([[r for c in base for r in c]])),
-        ("offload", cand, compute_metrics([[r for c in cand for r in c]])),
-        seed=seed,
-        n_resamples=500,
+        ("baseline", base, compute_metrics(base.values())),
+        ("offload", cand, compute_metrics(cand.values())),
     )
 
 
@@ -123,38 +128,63 @@ def test_clear_gain_is_helps_and_identical_is_no_difference() -> None:
         < better["mean_ttft_ms"].ci95_high_pct
     )  # type: ignore[operator]
     assert better["mean_itl_ms"].verdict == "helps"
+    assert better["mean_ttft_ms"].resample_unit == "paired trials (4)"
     worse = {c.metric: c for c in _compare(_arm(50.0, 5.0), _arm(100.0, 10.0, seed=1))}
     assert worse["mean_ttft_ms"].verdict == "hurts"
     same = {c.metric: c for c in _compare(_arm(100.0, 10.0, seed=2), _arm(100.0, 10.0, seed=3))}
-    assert same["mean_ttft_ms"].verdict == "no significant difference"
-    assert overall_verdict(list(same.values())) in ("no significant difference", "helps", "hurts")
+    assert {c.verdict for c in same.values()} == {"no significant difference"}
+    assert overall_verdict(list(same.values())) == "no significant difference"
 
 
-def test_bootstrap_is_seeded() -> None:
-    a, b = _arm(100.0, 10.0), _arm(90.0, 10.0, seed=1)
-    first = [c.to_dict() for c in _compare(a, b, seed=7)]
-    assert first == [c.to_dict() for c in _compare(a, b, seed=7)]
+def test_one_trial_is_not_enough_for_a_verdict() -> None:
+    cs = _compare(_arm(100.0, 10.0, n_trials=1), _arm(50.0, 5.0, n_trials=1, seed=1))
+    assert {c.verdict for c in cs} == {"not enough trials"}
+    assert all(c.ci95_low_pct is None and c.delta_pct is not None for c in cs)
 
 
-def test_few_batches_resample_requests_and_throughput_needs_three() -> None:
-    cs = {
-        c.metric: c for c in _compare(_arm(100.0, 10.0, n_batches=2), _arm(50.0, 5.0, n_batches=2))
-    }
-    assert cs["mean_ttft_ms"].resample_unit == "request"
-    assert cs["total_token_throughput_tok_s"].verdict == "not enough data"  # 2 batches < 4
+def test_a_two_percent_point_delta_does_not_pass_the_two_percent_gate() -> None:
+    """Noise-free trials: the interval collapses on the point, which sits exactly on the gate."""
+    base = _arm(100.0, 10.0, trial_noise=0.0)
+    for factor, verdict in ((1.02, "no significant difference"), (1.03, "hurts")):
+        cand = {
+            t: [rec(r.send_perf_s, [x * factor for x in r.chunk_offsets_ms], trial=t) for r in rs]
+            for t, rs in base.items()
+        }
+        ttft = next(c for c in _compare(base, cand) if c.metric == "mean_ttft_ms")
+        assert ttft.delta_pct == pytest.approx((factor - 1) * 100)
+        assert ttft.verdict == verdict
+
+
+def test_an_arm_with_failed_requests_gets_no_verdict() -> None:
+    base, cand = _arm(100.0, 10.0), _arm(50.0, 5.0, seed=1)
+    for r in cand[1][:3]:  # 3 of 120 measured requests: 2.5% > 1%
+        r.error, r.chunk_offsets_ms = "HTTP 500", []
+    cs = _compare(base, cand)
+    assert {c.verdict for c in cs} == {"invalid: 3 errors"}
+    cand[1][1].error, cand[1][2].error = None, None  # 1 of 120: under 1%, still judged
+    cand[1][1].chunk_offsets_ms = cand[1][2].chunk_offsets_ms = [50.0, 55.0, 60.0, 65.0, 70.0]
+    assert next(c for c in _compare(base, cand) if c.metric == "mean_ttft_ms").verdict == "helps"
 
 
 @settings(max_examples=50, deadline=None)
 @given(low=st.floats(-100, 100), width=st.floats(0, 100), higher=st.booleans())
-def test_verdict_follows_the_interval(low: float, width: float, higher: bool) -> None:
+def test_verdict_needs_the_whole_interval_beyond_the_gate(
+    low: float, width: float, higher: bool
+) -> None:
     high = low + width
-    v = verdict_for(low, high, higher)
-    if low > 0:
+    v = verdict_for(low, high, higher, min_effect_pct=2.0)
+    if low > 2.0:
         assert v == ("helps" if higher else "hurts")
-    elif high < 0:
+    elif high < -2.0:
         assert v == ("hurts" if higher else "helps")
     else:
         assert v == "no significant difference"
     assert verdict_for(None, None, higher) == "not enough data"
-    assert verdict_for(low, high, higher, delta=1.0) == "no significant difference"
     assert not math.isnan(low)
+
+
+def test_t_quantiles() -> None:
+    assert t975(1) == pytest.approx(12.706)
+    assert t975(30) == pytest.approx(2.042)
+    assert t975(31) == pytest.approx(2.040, abs=1e-3)
+    assert t975(1000) == pytest.approx(1.962, abs=1e-3)

@@ -150,3 +150,19 @@ def test_break_even_bandwidth_from_physics() -> None:
     # KV bytes per token x (peak x MFU) / (2 x params), ~4 GB/s for Llama-3.1-8B on an H100.
     assert 3.0 < short < 5.5
     assert long < short  # attention makes long prefixes favour loading even more
+
+
+def test_a_shared_prefix_is_copied_to_the_offload_buffer_once() -> None:
+    """LMCache skips the chunks it already holds before copying: with one shared prefix, copies
+    equal the chunks written, not every prompt's full chunks."""
+    shape = SeedShape(
+        prefix_tokens=2_048, suffix_tokens=512, batch_size=8, iterations=2, output_tokens=2
+    )
+    engine = build_engine(settings=EngineSettings(offload=True, lmcache=gds()))
+    run_batches(engine, seed_batches("one-prefix", shape))
+    assert engine.offload is not None
+    stored_tokens = engine.offload.stats.stored_tokens
+    assert engine.stats.offload_copied_tokens == stored_tokens
+    prompts = shape.batch_size * shape.iterations
+    full_chunks_sent = prompts * ((shape.prefix_tokens + shape.suffix_tokens) // 256) * 256
+    assert stored_tokens < full_chunks_sent / 3

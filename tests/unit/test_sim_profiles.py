@@ -96,9 +96,24 @@ def test_cli_missing_field_is_usage_error(tmp_path: Path) -> None:
 
 def test_cli_run_prints_both_arms_as_json() -> None:
     result = CliRunner().invoke(
-        sim, ["run", "--scenario", "one-prefix", "--iterations", "1", "--batch-size", "2"]
+        sim, ["run", "--scenario", "one-prefix", "--iterations", "2", "--batch-size", "2"]
     )
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["baseline"]["num_gpu_blocks"] > out["offload"]["num_gpu_blocks"] > 0
     assert out["offload"]["total_token_throughput_tok_s"] > 0
+    assert out["offload"]["mean_itl_ms"] > 0
+    assert out["shape"]["request_order"] == "shuffled"
+
+
+def test_cli_run_takes_the_shape_a_sweep_needs() -> None:
+    args = ["run", "--num-prefixes", "3", "--prefix-tokens", "1024", "--prompt-tokens", "1536",
+            "--output-tokens", "4", "--batch-size", "6", "--iterations", "3",
+            "--request-order", "cyclic", "-tp", "2"]  # fmt: skip
+    result = CliRunner().invoke(sim, args)
+    assert result.exit_code == 0, result.output
+    shape = json.loads(result.output)["shape"]
+    assert (shape["num_prefixes"], shape["prefix_tokens"], shape["suffix_tokens"]) == (3, 1024, 512)
+    assert shape["request_order"] == "cyclic"
+    bad = CliRunner().invoke(sim, ["run", "--prefix-tokens", "100", "--prompt-tokens", "100"])
+    assert bad.exit_code == 2 and "--prompt-tokens" in bad.output

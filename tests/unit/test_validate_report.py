@@ -52,7 +52,7 @@ def test_fleet_bundle_exit_codes() -> None:
     fleet = judge_fleet(load_evidence(eb.EVIDENCE_DIR / "fleet"))
     assert fleet.unreachable == ["unreachable"]
     assert fleet.exit_code() == 2
-    assert fleet.counts() == {"FAIL": 5, "WARN": 3, "PASS": 1, "SKIP": 0}
+    assert fleet.counts() == {"FAIL": 8, "WARN": 3, "PASS": 1, "SKIP": 0}
     assert judge_fleet(load_evidence(eb.EVIDENCE_DIR / "healthy")).exit_code() == 0
     assert judge_fleet(load_evidence(eb.EVIDENCE_DIR / "broken")).exit_code() == 1
 

@@ -2,22 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvops.workload import Alphabet, load_preset, make_prefixes, plan_iteration, spec_from_dict
+from kvops.workload import (
+    Alphabet,
+    PlannedRequest,
+    load_preset,
+    make_prefixes,
+    plan_iteration,
+    spec_from_dict,
+)
 from kvops.workload.schedule import arrival_offsets_s, batch_groups
 
 
-def _plan(name: str = "multi-shared-prefix", scale: float = 0.01, trial: int = 0, it: int = 0):
-    spec = load_preset(name).scaled(scale)
+def _plan(
+    name: str = "multi-shared-prefix",
+    scale: float = 0.01,
+    trial: int = 0,
+    it: int = 0,
+    run_seed: int = 0,
+    order: str = "shuffled",
+):
+    spec = dataclasses.replace(load_preset(name).scaled(scale), request_order=order)
     alphabet = Alphabet.from_vocab_size(1000)
+    prefixes = make_prefixes(spec, alphabet, run_seed)
     return spec, plan_iteration(
-        spec, alphabet, make_prefixes(spec, alphabet), trial=trial, iteration=it
+        spec, alphabet, prefixes, trial=trial, iteration=it, run_seed=run_seed
     )
+
+
+def _by_index(planned: list[PlannedRequest]) -> dict[int, list[int]]:
+    return {p.index: p.request.prompt for p in planned}  # type: ignore[misc]
 
 
 def test_token_id_prompts_are_exact_and_below_vocab() -> None:
@@ -49,9 +69,35 @@ def test_same_inputs_same_prompts_new_trial_new_suffixes() -> None:
     _, b = _plan(trial=0)
     _, c = _plan(trial=1)
     assert [p.request.prompt for p in a] == [p.request.prompt for p in b]
-    assert a[0].request.prompt != c[0].request.prompt
+    ia, ic = _by_index(a), _by_index(c)
+    assert ia[0] != ic[0]
     n = load_preset("multi-shared-prefix").scaled(0.01).prefix_tokens
-    assert a[0].request.prompt[:n] == c[0].request.prompt[:n]  # type: ignore[index]
+    assert ia[0][:n] == ic[0][:n]
+
+
+def test_a_new_run_seed_draws_new_prompts_and_a_recorded_one_repeats_them() -> None:
+    """A persistent KV tier must never hold a previous run's "unique" prompts."""
+    _, first = _plan("unique-one-shot", run_seed=1)
+    _, again = _plan("unique-one-shot", run_seed=1)
+    _, fresh = _plan("unique-one-shot", run_seed=2)
+    assert _by_index(first) == _by_index(again)
+    seen = {tuple(p) for p in _by_index(first).values()}
+    assert not seen & {tuple(p) for p in _by_index(fresh).values()}
+
+
+def test_requests_are_shuffled_within_an_iteration_unless_cyclic() -> None:
+    spec, a = _plan(trial=0)
+    _, again = _plan(trial=0)
+    _, other_trial = _plan(trial=1)
+    order = [p.index for p in a]
+    assert sorted(order) == list(range(spec.per_iteration)) and order != sorted(order)
+    assert order == [p.index for p in again]  # both arms of a trial: same order
+    assert order != [p.index for p in other_trial]
+    assert [p.batch for p in a] == [i // spec.batch_size for i in range(len(a))]
+    _, cyclic = _plan(order="cyclic")
+    assert [p.request.prefix_id for p in cyclic] == [
+        j % spec.num_prefixes for j in range(spec.per_iteration)
+    ]
 
 
 def test_different_presets_draw_different_prompts() -> None:
@@ -78,7 +124,9 @@ def test_unique_prompts_have_no_prefix() -> None:
 
 
 def test_batches_and_groups() -> None:
-    spec = spec_from_dict({"batch_size": 4, "requests_per_iteration": 10})
+    spec = spec_from_dict(
+        {"batch_size": 4, "requests_per_iteration": 10, "request_order": "cyclic"}
+    )
     planned = plan_iteration(spec, Alphabet.from_vocab_size(100), [], trial=0, iteration=0)
     assert [p.batch for p in planned] == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
     assert [list(g) for g in batch_groups(10, 4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
