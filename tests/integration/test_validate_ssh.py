@@ -129,12 +129,10 @@ def test_fleet_reports_each_failure_per_host_while_others_complete(
     lab: Lab, tmp_path: Path
 ) -> None:
     inv = lab.inventory()
-    started = time.monotonic()
     proc = run_validate(
-        "-i", str(inv), "--known-hosts", str(lab.known_hosts), "--timeout", "8", "--forks", "8",
+        "-i", str(inv), "--known-hosts", str(lab.known_hosts), "--timeout", "20", "--forks", "8",
         "--json", "--junit", str(tmp_path / "v.xml"), "--save-evidence", str(tmp_path / "ev"),
     )  # fmt: skip
-    elapsed = time.monotonic() - started
     assert proc.returncode == 2, proc.stderr  # some hosts could not be probed
     report = json.loads(proc.stdout)
     transport = report["transport"]
@@ -151,9 +149,11 @@ def test_fleet_reports_each_failure_per_host_while_others_complete(
     assert transport["unknown"]["status"] == "host_key_refused"
     assert "--accept-new-host-keys" in transport["unknown"]["reason"]
     assert transport["hang"]["status"] == "timeout"
-    # The hanging host cost its timeout, not more, and did not hold the others back.
-    assert elapsed < 40
-    assert transport["healthy"]["duration_s"] < 8
+    # The hanging host cost its timeout and did not hold the others back: the healthy hosts
+    # were done while it was still waited for (kvops's own durations, no wall-clock bounds).
+    assert transport["hang"]["duration_s"] >= 19
+    for name in ("healthy", "healthy2"):
+        assert transport[name]["duration_s"] < transport["hang"]["duration_s"], transport
     not_probed = ["changed", "hang", "unknown", "unreachable", "wrongkey"]
     assert sorted(report["unreachable"]) == not_probed
     # The healthy hosts' evidence was judged: recorded RDMA mount and gdscheck were read.
