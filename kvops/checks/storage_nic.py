@@ -11,8 +11,10 @@ whose storage NIC sits across the CPU from the GPUs. Two sources name the storag
 - With `properties.rdma_dynamic_routing` true, cuFile routes GDS IO through the client
   addresses listed for the mount: `fs.nfs.mount_table.<mount>.rdma_dev_addr_list`, else
   `fs.nfs.rdma_dev_addr_list`, else `properties.rdma_dev_addr_list` (most specific first).
-  Without dynamic routing, NFS ignores these lists (shared/reference/gds_ontap.md §1), so the
-  mount's NIC is the one that matters.
+  Without dynamic routing, NFS ignores these lists and kernel NFS/RDMA picks the NIC itself
+  (NVIDIA GDS Configuration Guide, `rdma_dynamic_routing`,
+  https://docs.nvidia.com/gpudirect-storage/configuration-guide/index.html; Troubleshooting
+  Guide §18.13.1), so the mount's NIC is the one that matters.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Roofline costs of one engine step, KV capacity, and storage transfer times.
 
-All figures come from the GPU, model and storage profiles (see sim_physics.md):
+All figures come from the GPU, model and storage profiles (the roofline model: Williams,
+Waterman, Patterson, CACM 52(4), 2009, https://doi.org/10.1145/1498765.1498785):
 - prefill of n new tokens after c context tokens costs
   2 x params x n + 4 x layers x hidden x n x (c + n/2) FLOPs, at peak x MFU;
 - every step streams the weights once plus the KV of every scheduled request's context, at HBM
@@ -104,7 +105,7 @@ class CostModel:
 
     def break_even_read_bandwidth_gb_s(self, prefix_tokens: int) -> float:
         """Storage read bandwidth at which loading a stored prefix takes as long as
-        recomputing it (sim_physics.md); faster storage makes offload hits pay."""
+        recomputing it; faster storage makes offload hits pay."""
         nbytes = prefix_tokens * self.kv_bytes_per_token
         return nbytes / self.prefill_compute_s(prefix_tokens) / 1e9
 

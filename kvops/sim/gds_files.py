@@ -1,6 +1,7 @@
 """LMCache's GDS backend file layout: write stored chunks as files, scan them back at startup.
 
-Layout (lmcache_vllm.md section 1.5, `GdsBackend._key_to_path`):
+Layout (`GdsBackend._key_to_path`,
+https://github.com/LMCache/LMCache/blob/dev/lmcache/v1/storage_backend/gds_backend.py):
 ``{gds_path}/{L1}/{L2}/{quote(key_str, safe="")}.kvcache.safetensors`` plus ``.metadata``, where
 L1/L2 are the first two pairs of characters of the decimal chunk hash (it may start with "-") and
 ``key_str`` is ``{model}@{world_size}@{worker_id}@{chunk_hash:x}@{dtype}`` (LMCache 0.3.15+).

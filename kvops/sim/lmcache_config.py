@@ -1,6 +1,6 @@
 """LMCache settings, read exactly as LMCache's in-process connector reads them.
 
-Order (lmcache/v1/config.py, lmcache_vllm.md section 1.1): the YAML file named by
+Order (https://github.com/LMCache/LMCache/blob/dev/lmcache/v1/config.py): the YAML file named by
 `LMCACHE_CONFIG_FILE`, then `LMCACHE_<KEY>` environment variables, then vLLM's
 `kv_connector_extra_config` keys prefixed `lmcache.`. Unknown keys are warnings, not errors, as in
 LMCache, so the same systemd unit and config file can drive the simulator or the real engine.

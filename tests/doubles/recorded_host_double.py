@@ -1,8 +1,8 @@
 """TEST DOUBLE: a recorded GPU host's /proc, /sys and /etc built in a temporary folder.
 
 The probe reads these through its `roots` setting (the one named seam), so tests exercise the
-real collectors on real recorded outputs (`tests/fixtures/`, copied from ../shared/fixtures
-with their sources). What each file is made from:
+real collectors on real recorded outputs (`tests/fixtures/`, each with its source noted).
+What each file is made from:
 
 - etc/cufile.json: fixtures/cufile/default-cufile.json (NVIDIA's template, verbatim).
 - proc/mounts: the NetApp ONTAP NFSv4.1/RDMA line of fixtures/misc/mount-nfs4-rdma-netapp-ontap.txt
