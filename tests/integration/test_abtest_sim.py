@@ -4,8 +4,11 @@ prefixes that overflow the GPU cache, and not for unique prompts or one resident
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,3 +39,66 @@ def test_three_seed_outcomes_on_embedded_engines(tmp_path: Path) -> None:
     assert "requests shuffled" in (out / "report.md").read_text()
     assert doc["embedded_engines"] is True
     assert (out / "sim-baseline.log").exists() and (out / "lmcache-offload.yaml").exists()
+
+
+def _engine_pids(parent: int) -> list[int]:
+    """The embedded `kvops sim serve` engines `parent` started (its children, by /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and b"sim" in cmd and b"serve" in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _start_embedded_run(out: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvops", "ab-test", "--scenario", "multi-shared-prefix",
+         "--scale", "0.1", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    records = out / "records.jsonl"
+    while not (records.exists() and records.read_text().count("\n") >= 2):
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "no records after 120 s"
+        time.sleep(0.1)
+    engines = _engine_pids(proc.pid)
+    assert len(engines) == 2, engines  # baseline and offload, running
+    return proc, engines
+
+
+def test_ctrl_c_stops_the_embedded_engines(tmp_path: Path) -> None:
+    proc, engines = _start_embedded_run(tmp_path / "run")
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert [pid for pid in engines if _alive(pid)] == []  # stopped before kvops exited
+
+
+def test_a_failed_run_stops_the_embedded_engines(tmp_path: Path) -> None:
+    """The offload engine dies mid-run (killed): ab-test ends with an error exit, and the
+    surviving baseline engine is stopped too — nothing is left running."""
+    proc, engines = _start_embedded_run(tmp_path / "run")
+    cmdlines = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in engines}
+    [offload] = [pid for pid, cmd in cmdlines.items() if b"--kv-transfer-config" in cmd]
+    os.killpg(offload, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode in (1, 2), stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert [pid for pid in engines if _alive(pid)] == []
