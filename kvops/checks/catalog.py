@@ -324,12 +324,82 @@ _ROWS = [
     ),
 ]
 
+_ROWS += [  # The ONTAP side (`kvops validate --ontap`, kvops/checks/ontap.py).
+    (
+        "ONT-000",
+        "ontap",
+        "ONTAP cluster read over REST",
+        "Check the management address, credentials and the REST role (README: ONTAP).",
+    ),
+    (
+        "ONT-001",
+        "ontap",
+        "ONTAP release serves the mounted NFS version over RDMA",
+        "Upgrade ONTAP (NFSv4.0 over RDMA 9.10.1+, v4.1 9.14.1+, v3 9.15.1+) or mount a "
+        "version the release serves (nfs_rdma_mount_nfs_version).",
+    ),
+    (
+        "ONT-002",
+        "ontap",
+        "SVM NFS service enabled with RDMA",
+        "Enable NFS and RDMA on the SVM: role ontap_export (ontap_export_rdma: true), or "
+        "`vserver nfs modify -vserver <svm> -rdma enabled`.",
+    ),
+    (
+        "ONT-003",
+        "ontap",
+        "Mounted NFS versions enabled on the SVM",
+        "Enable the version on the SVM (ontap_export_nfs_versions) or mount an enabled one.",
+    ),
+    (
+        "ONT-005",
+        "ontap",
+        "KV-cache volume present and online",
+        "Create the volume (role ontap_export) or set ontap_export_volume_name to its name.",
+    ),
+    (
+        "ONT-010",
+        "ontap",
+        "Data LIF with RoCE on the volume's node",
+        "Add `roce` to the data LIFs' rdma_protocols (ontap_export_rdma_lifs), one on each node "
+        "that owns the volume, on RoCE-capable ports.",
+    ),
+    (
+        "ONT-011",
+        "ontap",
+        "Host mounts a RoCE LIF on the volume's node",
+        "Mount the address of a RoCE LIF on the node that owns the volume "
+        "(nfs_rdma_mount_export_address).",
+    ),
+    (
+        "ONT-020",
+        "ontap",
+        "Export policy admits the host read-write with sys",
+        "Add the host's storage address to ontap_export_clients (rule rw_rule/ro_rule/superuser "
+        "sys, protocols nfs) and rerun playbooks/ontap.yml.",
+    ),
+    (
+        "ONT-030",
+        "ontap",
+        "Mount source equals the volume's junction path",
+        "Mount <LIF>:<junction path> (nfs_rdma_mount_export_path = ontap_export_junction_path).",
+    ),
+    (
+        "ONT-031",
+        "ontap",
+        "KV-cache volume free space above threshold",
+        "Grow the volume (ontap_export_size_gib) or clear old KV chunks: LMCache's GDS backend "
+        "never evicts.",
+    ),
+]
+
 CATALOG: dict[str, CheckInfo] = {row[0]: CheckInfo(*row) for row in _ROWS}
 
 
 def validate_check_ids() -> set[str]:
-    """The ids `kvops validate` judges: every concern but `smoke` (judged by `kvops smoke`)."""
-    return {key for key, info in CATALOG.items() if info.concern != "smoke"}
+    """The ids `kvops validate` judges on each GPU host: every concern but `smoke` (judged by
+    `kvops smoke`) and `ontap` (judged per cluster and host by `kvops validate --ontap`)."""
+    return {key for key, info in CATALOG.items() if info.concern not in ("smoke", "ontap")}
 
 
 def catalog_rows() -> list[CheckInfo]:

@@ -16,9 +16,12 @@ import click
 from rich.console import Console
 
 from kvops.checks import Thresholds
+from kvops.checks.ontap import OntapThresholds
 from kvops.errors import RC, KvopsError
 from kvops.hosts import HostResult, probe_config, probe_fleet
-from kvops.inventory import load_inventory, probe_options, probe_settings
+from kvops.inventory import InventoryHost, load_inventory, probe_options, probe_settings
+from kvops.ontap import fleet as ontap_fleet
+from kvops.ontap.target import is_ontap_host
 from kvops.report.findings import render_terminal, write_junit
 from kvops.ssh import SshOptions
 from kvops.validate import judge_fleet, load_evidence, save_evidence
@@ -30,6 +33,8 @@ Examples:
   kvops validate -i inventories/prod --limit 'gpu_hosts:!gpu-07' --storage-bench
   kvops validate -i inventories/prod --json --junit validate.xml --save-evidence runs/ev
   kvops validate --from-evidence runs/ev          # judge a saved bundle offline
+  KVOPS_ONTAP_USERNAME=kvops-ro KVOPS_ONTAP_PASSWORD=... \\
+    kvops validate -i inventories/prod --ontap --ontap-ca-file ca.pem   # + the cluster
 \b
 Exit status: 0 every host passed (WARN allowed; with --strict not on the checks that prove
 the GDS path), 1 some check FAILed, 2 could not run
@@ -122,6 +127,26 @@ key unknown or changed, timed out).
     type=click.FloatRange(min=0, max=1),
     help="gdsio throughput below this share of the RDMA link rate WARNs (0.70).",
 )
+@click.option(
+    "--ontap",
+    is_flag=True,
+    help="Also read each cluster of the inventory's `ontap` group over its REST API (GETs "
+    "only; credentials from KVOPS_ONTAP_USERNAME/KVOPS_ONTAP_PASSWORD or vaulted "
+    "kvops_ontap_username/kvops_ontap_password) and judge it with the hosts' mounts.",
+)
+@click.option(
+    "--ontap-ca-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="CA bundle the cluster's HTTPS certificate is verified against [default: the "
+    "inventory's ontap_export_ca_file, else the system store]. Never skipped.",
+)
+@click.option(
+    "--ontap-min-free-pct",
+    type=click.FloatRange(min=0, max=100),
+    default=10.0,
+    show_default=True,
+    help="The KV-cache volume's free share below which ONT-031 FAILs.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence excerpts in the tables.")
 @click.option("--problems-only", is_flag=True, help="Tables list only FAIL and WARN rows.")
 @click.option(
@@ -148,6 +173,9 @@ def validate(
     vault_id: tuple[str, ...],
     min_free_gib: float | None,
     bench_min_link_share: float | None,
+    ontap: bool,
+    ontap_ca_file: Path | None,
+    ontap_min_free_pct: float,
     verbose: bool,
     problems_only: bool,
     strict: bool,
@@ -167,18 +195,32 @@ def validate(
         thresholds = replace(thresholds, bench_min_link_share=bench_min_link_share)
 
     transport: dict[str, Any] = {}
+    clusters: list[dict[str, Any]] = []
+    addresses: dict[str, str] = {}
     if timeout_s is None:
         timeout_s = 600.0 if storage_bench else 120.0
     if from_dir is not None:
         if inventories or limit:
             raise click.UsageError("--from-evidence judges a saved bundle: drop -i/--limit")
         documents = load_evidence(from_dir)
+        clusters = [d for d in documents if ontap_fleet.is_ontap_document(d)]
+        documents = [d for d in documents if not ontap_fleet.is_ontap_document(d)]
         err.print(f"judging {len(documents)} saved evidence documents from {from_dir}")
     elif inventories:
+        hosts = load_inventory(list(inventories), limit, list(vault_password_file), list(vault_id))
+        ontap_hosts = [h for h in hosts if is_ontap_host(h)]
+        hosts = [h for h in hosts if not is_ontap_host(h)]
+        if ontap:
+            if not ontap_hosts:
+                raise click.UsageError(
+                    "--ontap: the inventory (or --limit) has no host in group 'ontap'"
+                )
+            err.print(f"reading {len(ontap_hosts)} ONTAP cluster(s) over REST ...")
+            clusters = ontap_fleet.collect_clusters(ontap_hosts, ontap_ca_file, timeout_s)
+            addresses = ontap_fleet.storage_addresses(hosts)
         results = _probe(
             err,
-            list(inventories),
-            limit,
+            hosts,
             storage_bench,
             {"size": bench_size or "", "io_size": bench_io_size or ""},
             forks,
@@ -188,8 +230,6 @@ def validate(
                 accept_new_host_keys=accept_new_host_keys,
                 timeout_s=timeout_s,
             ),
-            list(vault_password_file),
-            list(vault_id),
         )
         documents = [dict(r.evidence) for r in results]
         transport = {
@@ -200,9 +240,11 @@ def validate(
         raise click.UsageError("give an inventory (-i INV) or a bundle (--from-evidence DIR)")
 
     if save_dir is not None:
-        paths = save_evidence(save_dir, documents)
+        paths = save_evidence(save_dir, [*documents, *clusters])
         err.print(f"saved {len(paths)} evidence documents to {save_dir}")
     fleet = judge_fleet(documents, thresholds, strict=strict)
+    limits = OntapThresholds(min_free_percent=ontap_min_free_pct)
+    ontap_fleet.add_ontap_findings(fleet, clusters, documents, addresses, limits)
     if strict and fleet.unproven():
         err.print(f"--strict: {len(fleet.unproven())} path-proving check(s) WARN/SKIP: exit 1")
     if junit_file is not None:
@@ -219,17 +261,15 @@ def validate(
 
 def _probe(
     err: Console,
-    inventories: list[str],
-    limit: str | None,
+    hosts: list[InventoryHost],
     storage_bench: bool,
     gdsio: dict[str, str],
     forks: int,
     timeout_s: float,
     opts: SshOptions,
-    vault_password_files: list[str],
-    vault_ids: list[str],
 ) -> list[HostResult]:
-    hosts = load_inventory(inventories, limit, vault_password_files, vault_ids)
+    if not hosts:
+        return []
     for host in hosts:
         for warning in host.warnings:
             err.print(f"[yellow]warning[/] {host.name}: {warning}")

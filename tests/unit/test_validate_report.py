@@ -34,7 +34,7 @@ from kvops.validate import (
 def test_catalog_ids_unique_and_well_formed() -> None:
     ids = [row[0] for row in _ROWS]
     assert len(ids) == len(set(ids))
-    assert all(re.fullmatch(r"GDS-\d{3}", i) for i in ids)
+    assert all(re.fullmatch(r"(GDS|ONT)-\d{3}", i) for i in ids)
     assert [r.check_id for r in catalog_rows()] == sorted(ids)
     assert all(r.title and r.remedy for r in CATALOG.values())
     table = catalog_markdown().splitlines()

@@ -1,0 +1,86 @@
+"""Pure ONTAP judges: the rule-matching and version logic a cluster read cannot show alone."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from evidence_builders import edited, file_item
+
+from kvops.checks.ontap import (
+    HostMount,
+    check_export,
+    check_nfs_versions,
+    host_mount,
+    judge_ontap,
+)
+
+
+def mount(version: str = "4.1", client: str = "10.1.2.3") -> HostMount:
+    return HostMount("gpu-01", "192.168.10.101", "/kvcache", version, client, "line")
+
+
+def ontap(rules: list[dict[str, Any]], **protocol: bool) -> dict[str, Any]:
+    return {
+        "host": "c1",
+        "svm": "svm_kv",
+        "volume": {"name": "kvcache", "nas": {"export_policy": {"name": "kv"}}},
+        "export_rules": rules,
+        "nfs_service": {"enabled": True, "protocol": protocol},
+    }
+
+
+def rule(index: int, match: str, rw: str = "sys", protocols: str = "nfs") -> dict[str, Any]:
+    return {
+        "index": index,
+        "clients": [{"match": match}],
+        "protocols": [protocols],
+        "ro_rule": ["sys"],
+        "rw_rule": [rw],
+        "superuser": ["sys"],
+    }
+
+
+def test_a_subnet_rule_admits_the_host() -> None:
+    found = check_export(ontap([rule(1, "10.1.2.0/24")]), mount())
+    assert (str(found.severity), found.message) == (
+        "PASS",
+        "kv admits 10.1.2.3 read-write with sys",
+    )
+
+
+def test_the_first_matching_rule_decides_even_if_a_later_one_is_read_write() -> None:
+    rules = [rule(2, "10.1.2.3"), rule(1, "10.1.0.0/16", rw="never")]
+    found = check_export(ontap(rules), mount())
+    assert str(found.severity) == "FAIL" and "rule 1 gives 10.1.2.3 read-only" in found.message
+
+
+def test_an_nfs4_only_rule_refuses_an_nfsv3_mount() -> None:
+    found = check_export(ontap([rule(1, "10.1.2.3", protocols="nfs4")]), mount("3"))
+    assert str(found.severity) == "FAIL" and "does not allow NFS 3" in found.message
+
+
+def test_nfsv42_follows_the_v41_switch_before_9_19_1() -> None:
+    mounts = [mount("4.2")]
+    assert str(check_nfs_versions(ontap([], v41_enabled=False), mounts).severity) == "FAIL"
+    assert str(check_nfs_versions(ontap([], v41_enabled=True), mounts).severity) == "PASS"
+
+
+def test_an_nfsv3_mount_without_clientaddr_uses_the_inventory_storage_address() -> None:
+    line = "192.168.10.101:/kvcache /mnt nfs vers=3,proto=rdma,port=20049,addr=192.168.10.101 0 0\n"
+    doc = edited(mounts=file_item("/proc/mounts", line))
+    found = host_mount(doc, "10.9.9.9")
+    assert isinstance(found, HostMount)
+    assert (found.nfs_version, found.client_address, found.export_path) == (
+        "3",
+        "10.9.9.9",
+        "/kvcache",
+    )
+
+
+def test_a_host_not_probed_skips_its_ontap_checks_instead_of_failing_them() -> None:
+    findings = judge_ontap(ontap([]), [{"host": "gpu-09", "error": "unreachable"}])
+    assert {str(f.severity) for f in findings["gpu-09"]} == {"SKIP"}
