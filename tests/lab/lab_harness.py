@@ -159,7 +159,7 @@ class LabHosts:
         return proc.stdout.splitlines() if proc.returncode == 0 else []
 
     def set_variant(self, name: str, **values: str) -> None:
-        """Switch a host's doubles now and for later restarts, e.g. ``GDSCHECK="compat"``;
+        """Switch a host's doubles now and for later restarts, e.g. ``RDMA="down"``;
         no values = back to healthy."""
         from kvops.lab.inject import VARIANT_FILE, render_variant
 
