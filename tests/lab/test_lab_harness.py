@@ -147,6 +147,7 @@ def test_apt_installs_pinned_test_packages_from_the_lab_repo(scratch: LabHosts) 
     )
     version = scratch.ssh(h, ["dpkg-query", "-W", "-f", "${Version}", "nvidia-driver-580-open"])
     assert version.stdout == "580.82.07-0ubuntu1"
+    scratch.ssh(h, ["modprobe", "nvidia"], sudo=True)  # nvidia-smi needs the driver loaded
     csv = scratch.ssh(h, ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
     assert csv.stdout.strip() == "NVIDIA L40S, 580.82.07"
     assert scratch.ssh(h, ["/usr/sbin/modinfo", "-F", "license", "nvidia"]).stdout.strip() == (
