@@ -234,3 +234,32 @@ def test_saving_does_not_follow_a_planted_link(tmp_path: Path) -> None:
 
 def test_nobody_exists_for_the_user_switch_tests() -> None:
     assert pwd.getpwnam("nobody").pw_uid != 0
+
+
+def test_gds_dir_and_lmcache_gds_paths_are_resolved_in_the_child(tmp_path: Path) -> None:
+    real = tmp_path / "nfs" / "kv"
+    real.mkdir(parents=True)
+    link = tmp_path / "kv"
+    link.symlink_to(real)
+    probe = Probe({})
+    probe.items["lmcache_config"] = {"stdout": f"chunk_size: 256\ngds_path: '{link}'  # link\n"}
+    storage.gds_dir(probe, str(link), None, {"LMCACHE_GDS_PATH": f"{link},relative"})
+    resolved = probe.items[ev.GDS_DIR]["data"]["resolved_paths"]
+    assert resolved == {str(link): str(real)}
+
+
+def test_launch_files_are_read_as_text_never_run(tmp_path: Path) -> None:
+    from kvops.probe.service import collect_launch_files
+
+    marker = tmp_path / "ran"
+    script = tmp_path / "run-vllm.sh"
+    script.write_text(f"#!/bin/sh\ntouch {marker}\nexec vllm serve m --api-key sk-1\n")
+    script.chmod(0o755)
+    config = tmp_path / "serve.yaml"
+    config.write_text("api-key: sk-2\nkv-transfer-config: '{}'\n")
+    probe = Probe({})
+    collect_launch_files(probe, [["/bin/bash", str(script)], ["vllm", "--config", str(config)]], 0)
+    assert "sk-1" not in probe.items[ev.VLLM_WRAPPER]["stdout"]
+    assert "kv-transfer-config" in probe.items[ev.VLLM_CONFIG_FILE]["stdout"]
+    assert "sk-2" not in probe.items[ev.VLLM_CONFIG_FILE]["stdout"]
+    assert not marker.exists()
