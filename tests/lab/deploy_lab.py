@@ -38,9 +38,12 @@ def served_wheelhouse(lab: LabHosts, directory: Path) -> Iterator[dict[str, Any]
         yield {
             "vllm_lmcache_pip_bootstrap_url": f"{url}/{house.pip_wheel}",
             "vllm_lmcache_pip_index_url": f"{url}/",
-            "vllm_lmcache_pip_extra_args": (
-                f"--no-index --find-links {url}/ --trusted-host {lab.gateway_ip} --no-deps"
-            ),
+            "vllm_lmcache_pip_env": {
+                "PIP_NO_INDEX": "1",
+                "PIP_FIND_LINKS": f"{url}/",
+                "PIP_TRUSTED_HOST": lab.gateway_ip,
+                "PIP_NO_DEPS": "1",
+            },
             "vllm_lmcache_packages": house.requirements,
         }
     finally:
