@@ -122,6 +122,8 @@ VLLM_ENV = "vllm_env"
 LMCACHE_CONFIG = "lmcache_config"
 LMCACHE_VERSION = "lmcache_version"
 VLLM_JOURNAL = "vllm_journal"
+VLLM_CONFIG_FILE = "vllm_config_file"
+VLLM_WRAPPER = "vllm_wrapper"
 GDS_DIR = "gds_dir"
 HTTP_HEALTH = "http_health"
 HTTP_VERSION = "http_version"
@@ -211,7 +213,9 @@ ITEM_SOURCES: dict[str, str] = {
     ),
     VLLM_PROCESS: (
         "sysfs /proc/<MainPID>; data = {'pid': int, 'user': str, 'argv': [..]} of the running "
-        "vLLM service (argv from /proc/<pid>/cmdline); absent/error when not running."
+        "vLLM service (argv from /proc/<pid>/cmdline); absent/error when not running. With "
+        "'serving_pid'/'serving_argv' when MainPID is a wrapper or container monitor and a "
+        "descendant process runs vLLM."
     ),
     VLLM_ENV: (
         "sysfs /proc/<MainPID>/environ, else the unit's Environment=/EnvironmentFile=; "
@@ -226,6 +230,14 @@ ITEM_SOURCES: dict[str, str] = {
         "the service's filesystem (/proc/<pid>/root) under its venv; stdout = 'Name: lmcache"
         "\\nVersion: 0.5.6'. Never obtained by running the service's Python. Older bundles: "
         "a command whose last stdout line is the version."
+    ),
+    VLLM_CONFIG_FILE: (
+        "file: the YAML of `vllm serve --config FILE` (read inside the service's filesystem, "
+        "/proc/<pid>/root, when it has one); redacted. Only when argv has --config."
+    ),
+    VLLM_WRAPPER: (
+        "file: the script the unit or MainPID runs (`bash /opt/run-vllm.sh`, or argv[0] "
+        "starting with #!), read as text and redacted, never run. Only when there is one."
     ),
     VLLM_JOURNAL: (
         "command ['journalctl', '--no-pager', '-o', 'cat', '-n', '3000', "

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import paramiko
@@ -30,14 +31,18 @@ from kvops import __version__
 from kvops.evidence import SCHEMA_VERSION, Evidence
 from kvops.inventory import InventoryHost
 from kvops.probe.bundle import INTERPRETER_ARGS, build_program
-from kvops.ssh import HostKeyRefused, SshOptions, fingerprint, known_hosts_for, run_ssh
+from kvops.ssh import HostKeyRefused, ProbeRun, SshOptions, fingerprint, known_hosts_for, run_ssh
 
-OK = "ok"
-UNREACHABLE = "unreachable"
-AUTH_FAILED = "auth_failed"
-HOST_KEY = "host_key_refused"
-TIMEOUT = "timeout"
-PROBE_FAILED = "probe_failed"
+
+class HostStatus(StrEnum):
+    """How probing one host ended (`transport.<host>.status` in `kvops validate --json`)."""
+
+    OK = "ok"
+    UNREACHABLE = "unreachable"
+    AUTH_FAILED = "auth_failed"
+    HOST_KEY = "host_key_refused"
+    TIMEOUT = "timeout"
+    PROBE_FAILED = "probe_failed"
 
 
 @dataclass
@@ -45,7 +50,7 @@ class HostResult:
     """What happened on one host: `status` OK with evidence, or why there is none."""
 
     host: str
-    status: str
+    status: HostStatus
     evidence: Evidence
     reason: str | None = None
     duration_s: float = 0.0
@@ -53,7 +58,7 @@ class HostResult:
 
     @property
     def ok(self) -> bool:
-        return self.status == OK
+        return self.status is HostStatus.OK
 
 
 def error_evidence(host: str, settings: dict[str, Any], reason: str) -> Evidence:
@@ -69,9 +74,7 @@ def error_evidence(host: str, settings: dict[str, Any], reason: str) -> Evidence
     )
 
 
-def _run_local(
-    host: InventoryHost, program: str, opts: SshOptions
-) -> tuple[int | None, bytes, bytes]:
+def _run_local(host: InventoryHost, program: str, opts: SshOptions) -> ProbeRun:
     """`ansible_connection: local`: the same program under the local interpreter."""
     argv = [host.python, *INTERPRETER_ARGS]
     if host.become and os.geteuid() != 0:
@@ -83,8 +86,8 @@ def _run_local(
     except subprocess.TimeoutExpired as exc:
         raise TimeoutError(f"probe did not finish within {opts.timeout_s:.0f} s") from exc
     except FileNotFoundError as exc:
-        return 127, b"", str(exc).encode()
-    return proc.returncode, proc.stdout, proc.stderr[-65536:]
+        return ProbeRun(127, b"", str(exc).encode())
+    return ProbeRun(proc.returncode, proc.stdout, proc.stderr[-65536:])
 
 
 def _last_json_line(out: bytes) -> Any:
@@ -104,7 +107,7 @@ def probe_host(host: InventoryHost, config: dict[str, Any], opts: SshOptions) ->
     settings = dict(config.get("settings") or {})
     program = build_program(config)
 
-    def result(status: str, reason: str, stderr: bytes = b"") -> HostResult:
+    def result(status: HostStatus, reason: str, stderr: bytes = b"") -> HostResult:
         return HostResult(
             host=host.name,
             status=status,
@@ -119,14 +122,16 @@ def probe_host(host: InventoryHost, config: dict[str, Any], opts: SshOptions) ->
         where = f"{host.name} (local)"
     try:
         if host.connection == "local":
-            code, out, err = _run_local(host, program, opts)
+            run = _run_local(host, program, opts)
         elif host.connection in ("ssh", "paramiko", "smart"):
-            code, out, err = run_ssh(host, program, opts, deadline)
+            run = run_ssh(host, program, opts, deadline)
         else:
-            return result(PROBE_FAILED, f"ansible_connection {host.connection!r} is not supported")
+            return result(
+                HostStatus.PROBE_FAILED, f"ansible_connection {host.connection!r} is not supported"
+            )
     except paramiko.BadHostKeyException as exc:
         return result(
-            HOST_KEY,
+            HostStatus.HOST_KEY,
             f"host key of {exc.hostname} CHANGED: known_hosts has "
             f"{fingerprint(exc.expected_key)}, the host presented {fingerprint(exc.key)}; "
             "refusing to connect (possible "
@@ -135,33 +140,36 @@ def probe_host(host: InventoryHost, config: dict[str, Any], opts: SshOptions) ->
             "new key",
         )
     except HostKeyRefused as exc:
-        return result(HOST_KEY, str(exc))
+        return result(HostStatus.HOST_KEY, str(exc))
     except paramiko.AuthenticationException as exc:
         tried = f"key {host.key_file}, " if host.key_file else ""
         tried += "ssh-agent, ~/.ssh default keys" + (", password" if host.password else "")
-        return result(AUTH_FAILED, f"authentication to {where} failed ({exc}); tried {tried}")
+        return result(
+            HostStatus.AUTH_FAILED, f"authentication to {where} failed ({exc}); tried {tried}"
+        )
     except PermissionError as exc:
-        return result(AUTH_FAILED, str(exc))
+        return result(HostStatus.AUTH_FAILED, str(exc))
     except TimeoutError as exc:
-        return result(TIMEOUT, f"{where}: {exc}")
+        return result(HostStatus.TIMEOUT, f"{where}: {exc}")
     except NoValidConnectionsError as exc:
         causes = "; ".join(
             f"{addr[0]}:{addr[1]}: {getattr(e, 'strerror', None) or e}"
             for addr, e in exc.errors.items()
         )
-        return result(UNREACHABLE, f"cannot reach {where}: {causes}")
+        return result(HostStatus.UNREACHABLE, f"cannot reach {where}: {causes}")
     except (paramiko.SSHException, OSError, EOFError) as exc:
-        return result(UNREACHABLE, f"cannot reach {where}: {exc or type(exc).__name__}")
+        return result(HostStatus.UNREACHABLE, f"cannot reach {where}: {exc or type(exc).__name__}")
     except Exception as exc:  # a fleet run must survive any one host
-        return result(PROBE_FAILED, f"{where}: {type(exc).__name__}: {exc}")
+        return result(HostStatus.PROBE_FAILED, f"{where}: {type(exc).__name__}: {exc}")
+    code, out, err = run.exit_status, run.stdout, run.stderr_tail
     if code == 127:
         return result(
-            PROBE_FAILED,
+            HostStatus.PROBE_FAILED,
             f"{host.python} not found on {host.name} (set ansible_python_interpreter)",
             err,
         )
     if code == 124 or code == 137:
-        return result(TIMEOUT, f"probe killed by the remote timeout on {host.name}", err)
+        return result(HostStatus.TIMEOUT, f"probe killed by the remote timeout on {host.name}", err)
     try:
         doc = _last_json_line(out)
         if not isinstance(doc, dict) or "items" not in doc:
@@ -170,12 +178,14 @@ def probe_host(host: InventoryHost, config: dict[str, Any], opts: SshOptions) ->
         lines = err.decode("utf-8", "replace").strip().splitlines()
         why = lines[-1][:300] if lines else str(exc)
         return result(
-            PROBE_FAILED, f"probe on {host.name} exited {code} without evidence: {why}", err
+            HostStatus.PROBE_FAILED,
+            f"probe on {host.name} exited {code} without evidence: {why}",
+            err,
         )
     doc["host"] = host.name
     return HostResult(
         host=host.name,
-        status=OK,
+        status=HostStatus.OK,
         evidence=doc,  # type: ignore[arg-type]
         duration_s=round(time.monotonic() - start, 3),
         stderr_tail=err.decode("utf-8", "replace")[-2000:],
@@ -210,7 +220,10 @@ def probe_fleet(
                 reason = f"{type(exc).__name__}: {exc}"
                 settings = dict(configs.get(host.name, {}).get("settings") or {})
                 res = HostResult(
-                    host.name, PROBE_FAILED, error_evidence(host.name, settings, reason), reason
+                    host.name,
+                    HostStatus.PROBE_FAILED,
+                    error_evidence(host.name, settings, reason),
+                    reason,
                 )
             results[index] = res
             if on_result is not None:

@@ -16,24 +16,21 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import random
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
+from kvops import chunk_files
 from kvops.errors import KvopsError
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session, send_request
 from kvops.parse.prometheus import PrometheusText, parse_prometheus_text
 from kvops.smoke import COUNTERS, ChunkFile, Eviction, MetricsSnapshot, RequestResult, SmokeEvidence
 
-LMCACHE_SUFFIX = ".kvcache.safetensors"
-LMCACHE_HEADER_BYTES = 4096
 # Token ids used when the server has no /tokenize: low ids exist in every real vocabulary.
 FALLBACK_TOKEN_IDS = range(100, 1000)
 # Fillers must cover the reported KV capacity with room to spare, as LRU eviction is not exact.
@@ -59,6 +56,13 @@ class SmokeOptions:
     timeout_s: float = 120.0
     seed: int | None = None
     evict: str = "auto"  # auto | reset | fillers
+    # Read chunk files through this instead of gds_dir (e.g. over SSH: kvops.smoke_remote).
+    chunks: ChunkSource | None = None
+
+    def chunk_source(self) -> ChunkSource | None:
+        if self.chunks is not None:
+            return self.chunks
+        return LocalChunks(self.gds_dir) if self.gds_dir else None
 
 
 def _quiet(_: str) -> None:
@@ -154,39 +158,38 @@ async def _settled(server: _Server) -> MetricsSnapshot:
 def list_chunk_files(root: Path) -> set[str]:
     """Every finished `*.safetensors` under root (LMCache GDS chunks or connector files);
     `*.tmp*` files are writes in flight and not counted."""
-    found: set[str] = set()
-    if not root.is_dir():
-        return found
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            if name.endswith(".safetensors") and ".tmp" not in name:
-                found.add(os.path.join(dirpath, name))
-    return found
+    return set(chunk_files.list_paths(str(root)))
 
 
 def describe_chunk_file(path: str) -> ChunkFile:
     """Size and, for LMCache's layout, whether the 4096-byte header matches the file size."""
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        return ChunkFile(path, 0, "lmcache" if path.endswith(LMCACHE_SUFFIX) else "connector")
-    if not path.endswith(LMCACHE_SUFFIX):
-        return ChunkFile(path, size, "connector")
-    return ChunkFile(path, size, "lmcache", _lmcache_header_ok(path, size))
+    return ChunkFile(**chunk_files.describe(path))
 
 
-def _lmcache_header_ok(path: str, size: int) -> bool:
-    if size < LMCACHE_HEADER_BYTES:
-        return False
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(LMCACHE_HEADER_BYTES)
-        (length,) = struct.unpack("<Q", head[:8])
-        header = json.loads(head[8 : 8 + length])
-        end = int(next(iter(header.values()))["data_offsets"][1])
-    except (OSError, ValueError, KeyError, IndexError, StopIteration, TypeError, struct.error):
-        return False
-    return size - LMCACHE_HEADER_BYTES == end
+class ChunkSource(Protocol):
+    """Where the chunk files are read: this machine's mount, or the GPU host over SSH."""
+
+    @property
+    def where(self) -> str: ...
+
+    def paths(self) -> set[str]: ...
+
+    def details(self, paths: list[str]) -> list[ChunkFile]: ...
+
+
+@dataclass(frozen=True)
+class LocalChunks:
+    root: Path
+
+    @property
+    def where(self) -> str:
+        return str(self.root)
+
+    def paths(self) -> set[str]:
+        return list_chunk_files(self.root)
+
+    def details(self, paths: list[str]) -> list[ChunkFile]:
+        return [describe_chunk_file(p) for p in paths]
 
 
 class SmokeRunner:
@@ -218,7 +221,8 @@ class SmokeRunner:
 
         await self._send(session, endpoint, self._prompt(pool, 16), "warm-up")
         before = snapshot(await server.metrics())
-        files_before = list_chunk_files(opts.gds_dir) if opts.gds_dir else set()
+        source = opts.chunk_source()
+        files_before = await asyncio.to_thread(source.paths) if source else set()
 
         prompts = [self._prompt(pool, prompt_tokens) for _ in range(opts.prompts)]
         first = [
@@ -237,11 +241,11 @@ class SmokeRunner:
 
         new: list[ChunkFile] = []
         files_after: set[str] = set()
-        if opts.gds_dir:
+        if source:
             files_after = await self._files_after(
-                opts.gds_dir, files_before, wait=after_resend.has_lmcache
+                source, files_before, wait=after_resend.has_lmcache
             )
-            new = [describe_chunk_file(p) for p in sorted(files_after - files_before)]
+            new = await asyncio.to_thread(source.details, sorted(files_after - files_before))
         return SmokeEvidence(
             url=server.url,
             model=model,
@@ -254,7 +258,7 @@ class SmokeRunner:
             first_sends=tuple(first),
             resends=tuple(resend),
             eviction=eviction,
-            gds_dir=str(opts.gds_dir) if opts.gds_dir else None,
+            gds_dir=source.where if source else None,
             files_before_count=len(files_before),
             files_after_count=len(files_after),
             new_files=tuple(new),
@@ -360,15 +364,15 @@ class SmokeRunner:
             capacity_tokens=capacity,
         )
 
-    async def _files_after(self, root: Path, before: set[str], wait: bool) -> set[str]:
+    async def _files_after(self, source: ChunkSource, before: set[str], wait: bool) -> set[str]:
         """LMCache's GDS backend writes asynchronously: give new files up to 3 s to appear
         (connectors without LMCache metrics, like vLLM's ExampleConnector, write in-step)."""
-        files = list_chunk_files(root)
+        files = await asyncio.to_thread(source.paths)
         for _ in range(12 if wait else 0):
             if files - before:
                 break
             await asyncio.sleep(0.25)
-            files = list_chunk_files(root)
+            files = await asyncio.to_thread(source.paths)
         return files
 
 

@@ -444,10 +444,18 @@ def _wait_for(chan: paramiko.Channel, timeout_s: float) -> None:
         select.select([chan], [], [], timeout_s)
 
 
-def run_ssh(
-    host: InventoryHost, program: str, opts: SshOptions, deadline: float
-) -> tuple[int | None, bytes, bytes]:
-    """Run `program` on stdin of the host's Python; (exit status, stdout, stderr tail)."""
+@dataclass(frozen=True)
+class ProbeRun:
+    """One run of the probe program on a host: its exit status (None when the remote side
+    reported none), its stdout (the evidence document) and the tail of its stderr."""
+
+    exit_status: int | None
+    stdout: bytes
+    stderr_tail: bytes
+
+
+def run_ssh(host: InventoryHost, program: str, opts: SshOptions, deadline: float) -> ProbeRun:
+    """Run `program` on stdin of the host's Python over one verified SSH session."""
     if host.become and host.become_method != "sudo":
         raise PermissionError(f"become method {host.become_method!r} is not supported (sudo)")
     client, jumps = _connect(host, opts, deadline)
@@ -476,7 +484,7 @@ def run_ssh(
             if len(out) > MAX_OUTPUT:
                 raise ValueError(f"probe output exceeds {MAX_OUTPUT} bytes")
             if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                return chan.recv_exit_status(), bytes(out), err
+                return ProbeRun(chan.recv_exit_status(), bytes(out), err)
     finally:
         client.close()
         for jc in reversed(jumps):

@@ -285,6 +285,7 @@ def healthy() -> dict[str, Any]:
                 "mode": "0o2775",
                 "service_user": "vllm",
                 "writable_by_service_user": True,
+                "resolved_paths": {GDS_DIR: GDS_DIR},
             },
         ),
         "http_health": http_item("http://127.0.0.1:8000/health", 200, ""),

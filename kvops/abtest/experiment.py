@@ -15,7 +15,7 @@ Why this shape:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -106,6 +106,9 @@ class Hooks:
     on_record: Callable[[RequestRecord], None] = lambda rec: None
     on_segment: Callable[[str], None] = lambda text: None
     warn: Callable[[str], None] = lambda text: None
+    # Puts an arm in place before its info is read and before each of its segments
+    # (`--deploy`: kvops.abtest.deploy.ArmDeployer); None when the arms are already running.
+    prepare_arm: Callable[[Arm], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -133,7 +136,7 @@ class Experiment:
         attempt = self.run_dir.add_attempt()
         opts = self.options
         async with make_session() as session:
-            self.infos = [await fetch_arm_info(session, arm) for arm in self.arms]
+            self.infos = [await self._arm_info(session, arm) for arm in self.arms]
             self.run_dir.record_arms(attempt, [i.to_dict() for i in self.infos])
             for w in arm_differences(self.infos):
                 self._warn(w)
@@ -167,6 +170,11 @@ class Experiment:
                     )
             if self.stop.is_set():
                 self.interrupted = True
+
+    async def _arm_info(self, session: aiohttp.ClientSession, arm: Arm) -> ArmInfo:
+        if self.hooks.prepare_arm is not None:
+            await self.hooks.prepare_arm(arm)
+        return await fetch_arm_info(session, arm)
 
     def _check_warm_tier(self, spec: WorkloadSpec, arm: Arm, seen: list[RequestRecord]) -> None:
         """Say it the moment it shows (after the warm-up iteration, before measuring); the
@@ -221,6 +229,8 @@ class Experiment:
         info = self._info(arm)
         opts = self.options
         self.hooks.on_segment(f"{spec.name}: trial {trial + 1}/{opts.trials}, arm {arm.name}")
+        if self.hooks.prepare_arm is not None:
+            await self.hooks.prepare_arm(arm)
         if opts.reset_cache and not await reset_prefix_cache(session, info):
             self._warn(
                 f"arm {arm.name}: no usable /reset_prefix_cache (vLLM needs "

@@ -26,8 +26,7 @@ from kvops.loadgen.record import RequestRecord
 from kvops.metrics import compute_metrics
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.model import Engine, EngineSettings, build_engine
-from kvops.sim.records import Request
-from kvops.sim.records import RequestRecord as ModelRecord
+from kvops.sim.records import Request, SimRequestRecord
 from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
 from kvops.workload.schedule import batch_groups
 from kvops.workload.spec import WorkloadSpec
@@ -111,7 +110,7 @@ def _token_ids(prompt: list[int] | str) -> list[int]:
 
 
 def _as_client_record(
-    rec: ModelRecord, scale: float, trial: int, iteration: int, batch: int, warm: bool
+    rec: SimRequestRecord, scale: float, trial: int, iteration: int, batch: int, warm: bool
 ) -> RequestRecord:
     """The model's record as the client would have measured it with a perfect host."""
     return RequestRecord(

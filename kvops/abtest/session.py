@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvops.abtest.arms import Arm
+from kvops.abtest.deploy import ArmDeployer, DeploySettings, deploy_record
 from kvops.abtest.embedded import EmbeddedEngines, SimProfile
 from kvops.abtest.experiment import Experiment, Hooks, Options
 from kvops.abtest.results import ResultSet, build_results
@@ -39,6 +40,7 @@ class AbTestRequest:
     slo: dict[str, float] = field(default_factory=dict)
     overwrite: bool = False
     resume: bool = False
+    deploy: DeploySettings | None = None  # --deploy: each arm's variant put on the host first
 
 
 @dataclass
@@ -63,6 +65,10 @@ def prepare(req: AbTestRequest) -> RunDir:
         req.scale = float(run.get("scale", 1.0))
         req.sim = SimProfile(**run["sim"]) if run.get("sim") else req.sim
         req.seed, req.slo = int(run.get("seed") or 0), dict(run.get("slo") or {})
+        if run.get("deploy"):
+            req.deploy = DeploySettings(
+                project_root=Path(run["deploy"].pop("project_root")), **run["deploy"]
+            )
         return run_dir
     if req.seed is None:
         req.seed = secrets.randbits(32)
@@ -77,6 +83,7 @@ def prepare(req: AbTestRequest) -> RunDir:
         "sim": req.sim.__dict__ if not req.arms else None,
         "seed": req.seed,
         "slo": req.slo,
+        "deploy": deploy_record(req.deploy) if req.deploy else None,
     }
     run_dir.create(run, req.scenarios, req.overwrite)
     return run_dir
@@ -98,6 +105,8 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
     """Run (or resume) and report. Raises ArmUnreachable / ExperimentError / RunDirError /
     EngineStartError before measuring anything; never loses records once measuring began."""
     run_dir = prepare(req)
+    if req.deploy is not None:
+        hooks.prepare_arm = ArmDeployer(req.deploy, run_dir.path, hooks.on_segment)
     warnings: list[str] = []
     interrupted = False
     try:

@@ -31,6 +31,8 @@ METRICS: tuple[tuple[str, bool], ...] = (
     ("p99_ttft_ms", False),
 )
 VERDICT_METRICS = ("total_token_throughput_tok_s", "mean_ttft_ms")
+# A CPU tier sized to the reused working set plus room for what is still being written.
+CPU_TIER_HEADROOM = 1.2
 
 
 class NothingSimulated(KvopsError, ValueError):
@@ -101,11 +103,27 @@ class Analysis:
     sample_requests: int | None = None  # set when corners/flips ran on a sample
     sim_break_even_gb_s: float | None = None
     flip_read_gb_s: float | None = None
+    cpu_tier: CpuTier | None = None
     corner_names: list[str] = field(default_factory=list)
     corner_pcts: list[dict[str, float]] = field(default_factory=list)  # metric -> delta %
 
     def delta(self, metric: str) -> Delta:
         return next(d for d in self.deltas if d.metric == metric)
+
+
+@dataclass(frozen=True)
+class CpuTier:
+    """A CPU DRAM tier in front of GDS (LMCache `local_cpu` + `max_local_cpu_size`, written
+    through, read first), simulated on the sample against GDS alone."""
+
+    size_gb: float
+    throughput_gain_pct: float  # vs the GDS-only offload arm on the same requests
+    mean_ttft_gain_pct: float  # negative: faster first tokens
+
+
+def cpu_tier_settings(offload: EngineSettings, size_gb: float) -> EngineSettings:
+    lm = dataclasses.replace(offload.lmcache, local_cpu=True, max_local_cpu_size=size_gb)
+    return dataclasses.replace(offload, lmcache=lm)
 
 
 def sample(workload: Workload, limit: int) -> Workload:
@@ -222,4 +240,15 @@ def analyse(
                 part, builder, profiles, off_settings, s_base.duration_s, gap,
                 sizing.break_even_read_gb_s,
             )  # fmt: skip
+        working_set_gb = reuse.shared_working_set_tokens * sizing.kv_bytes_per_token / 1e9
+        if working_set_gb > 0:
+            size_gb = round(working_set_gb * CPU_TIER_HEADROOM, 1)
+            tiered = run_arm(
+                "offload+cpu", part, builder, profiles, cpu_tier_settings(off_settings, size_gb),
+                progress(f"CPU tier {size_gb:g} GB: offload", m),
+            )  # fmt: skip
+            pct = _pct_all(s_off, tiered)
+            result.cpu_tier = CpuTier(
+                size_gb, pct["total_token_throughput_tok_s"], pct["mean_ttft_ms"]
+            )
     return result

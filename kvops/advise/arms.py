@@ -18,7 +18,7 @@ import numpy as np
 from kvops.advise.workload import PromptBuilder, TraceRequest, Workload
 from kvops.sim.model import Engine, EngineSettings, build_engine
 from kvops.sim.profiles import GpuProfile, ModelProfile, StorageProfile
-from kvops.sim.records import Request, RequestRecord
+from kvops.sim.records import Request, SimRequestRecord
 
 Progress = Callable[[int], None]
 
@@ -80,7 +80,7 @@ class ArmResult:
         hits = self.gpu_hit_tokens + self.offload_hit_tokens
         return hits / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def add(self, rec: RequestRecord) -> None:
+    def add(self, rec: SimRequestRecord) -> None:
         self.completed += 1
         self.prompt_tokens += rec.prompt_tokens
         self.output_tokens += len(rec.token_times_s)

@@ -113,6 +113,24 @@ def advise(a: Analysis) -> Advice:
     else:
         switch = "off"
     working_set_gb = a.reuse.shared_working_set_tokens * s.kv_bytes_per_token / GB
+    tier = a.cpu_tier
+    tier_gb: float = 0.0
+    tier_note = (
+        f"the reused working set is {working_set_gb:.1f} GB; a CPU tier (LMCache local_cpu + "
+        "max_local_cpu_size) of that size would serve re-reads from host DRAM (not simulated: "
+        "--quick or nothing reused)"
+    )
+    if tier is not None:
+        pays = tier.throughput_gain_pct >= a.options.effect_pct or (
+            -tier.mean_ttft_gain_pct >= a.options.effect_pct
+        )
+        tier_gb = tier.size_gb if pays and switch != "off" else 0.0
+        tier_note = (
+            f"simulated a {tier.size_gb:g} GB CPU tier (local_cpu: true, max_local_cpu_size: "
+            f"{tier.size_gb:g}) in front of GDS: throughput {tier.throughput_gain_pct:+.1f}%, "
+            f"mean TTFT {tier.mean_ttft_gain_pct:+.1f}% vs GDS alone; "
+            + ("worth it if the host has the DRAM" if tier_gb else "not worth it here")
+        )
     chunk = a.options.chunk_size
     typical = a.reuse.typical_shared_prefix_tokens
     chunk_note = f"{chunk} (LMCache default; only full chunks are stored)"
@@ -126,12 +144,8 @@ def advise(a: Analysis) -> Advice:
     settings: dict[str, object] = {
         "offload": switch,
         "chunk_size": chunk_note,
-        "cpu_tier_gb": round(working_set_gb, 1),
-        "cpu_tier_note": (
-            f"the reused working set is {working_set_gb:.1f} GB: a CPU tier (LMCache "
-            "local_cpu + max_local_cpu_size) of that size would serve re-reads from host DRAM "
-            "(not simulated here)"
-        ),
+        "cpu_tier_gb": tier_gb,
+        "cpu_tier_note": tier_note,
         "gds_buffer_size_mib": a.options.gds_buffer_mib,
         "kv_memory_note": (
             f"the GDS buffer takes {gpu_blocks_lost * 16:,} tokens of GPU KV capacity "

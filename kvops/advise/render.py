@@ -3,6 +3,7 @@ lines. All three carry the same facts; only layout differs."""
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from typing import Any
 
@@ -60,6 +61,7 @@ def report_dict(a: Analysis, advice: Advice) -> dict[str, Any]:
         "break_even_read_gb_s": a.sizing.break_even_read_gb_s,
         "simulated_break_even_read_gb_s": a.sim_break_even_gb_s,
         "flip_points": advice.flip_points,
+        "cpu_tier": dataclasses.asdict(a.cpu_tier) if a.cpu_tier else None,
         "recommended_settings": advice.settings,
         "explanation": advice.explanation,
         "arms": {"baseline": a.baseline.summary(), "offload": a.offload.summary()},

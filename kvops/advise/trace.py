@@ -31,7 +31,13 @@ from kvops.errors import KvopsError
 from kvops.sim.tokenizer import WordTokenizer
 from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
 from kvops.workload.schedule import arrival_offsets_s, batch_groups
-from kvops.workload.spec import PRESET_NAMES, SpecError, WorkloadSpec, load_preset, load_spec_file
+from kvops.workload.spec import (
+    PRESET_NAMES,
+    WorkloadSpec,
+    WorkloadSpecError,
+    load_preset,
+    load_spec_file,
+)
 
 MAX_SHOWN_SKIPS = 20
 
@@ -276,7 +282,7 @@ def _run_prefix_lengths(run_dir: Path) -> dict[str, int]:
     for path in sorted((run_dir / "workloads").glob("*.yaml")):
         try:
             spec = load_spec_file(path)
-        except SpecError:
+        except WorkloadSpecError:
             continue
         if spec.num_prefixes:
             out[path.stem] = spec.prefix_tokens
@@ -326,7 +332,7 @@ def load_workload(
     if path.suffix in (".yaml", ".yml"):
         try:
             spec = load_spec_file(path)
-        except SpecError as exc:
+        except WorkloadSpecError as exc:
             raise TraceError(str(exc)) from None
         return spec_workload(spec, vocab_size, str(path))
     if not path.is_file():

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import yaml
+
 from kvops import evidence as ev
 from kvops.checks.model import Finding, Severity, Thresholds, finding
 from kvops.parse.cufile import CufileConfig, parse_cufile
@@ -35,6 +37,32 @@ class RdmaPort:
     @property
     def active(self) -> bool:
         return "ACTIVE" in self.state.upper()
+
+
+def _split(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError:
+        return command.split()
+
+
+def _flag(argv: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the last of `names` in argv (`--x V` or `--x=V`)."""
+    raw: str | None = None
+    for i, arg in enumerate(argv):
+        if arg in names and i + 1 < len(argv):
+            raw = argv[i + 1]
+        elif arg.startswith(tuple(n + "=" for n in names)):
+            raw = arg.split("=", 1)[1]
+    return raw
+
+
+def _json_or_raw(raw: str) -> dict[str, Any] | str:
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+    return parsed if isinstance(parsed, dict) else raw
 
 
 def _dicts(value: Any) -> list[dict[str, Any]]:
@@ -200,22 +228,58 @@ class Context:
             return command.split()
 
     @cached_property
+    def _launch_argvs(self) -> list[tuple[str, list[str]]]:
+        """(where, argv) of every command line that may carry vLLM's arguments, in order:
+        the serving process under a wrapper/container monitor, MainPID, the unit's ExecStart."""
+        out: list[tuple[str, list[str]]] = []
+        data = self.data(ev.VLLM_PROCESS) or {}
+        for key, where in (("serving_argv", "serving process"), ("argv", "process argv")):
+            if isinstance(data.get(key), list):
+                out.append((where, [str(a) for a in data[key]]))
+        unit = self.text(ev.VLLM_UNIT)
+        if unit is not None:
+            joined = re.sub(r"\\\n", " ", unit)
+            for line in joined.splitlines():
+                if line.strip().startswith("ExecStart="):
+                    command = line.strip()[len("ExecStart=") :].lstrip("-@+!:")
+                    out.append(("unit ExecStart", _split(command)))
+        wrapper = self.text(ev.VLLM_WRAPPER)
+        for line in (wrapper or "").splitlines():
+            if "kv-transfer-config" in line or "kv_transfer_config" in line:
+                out.append(("wrapper script", _split(line.strip())))
+        return out
+
+    @cached_property
+    def kv_transfer_config_source(self) -> str | None:
+        return self._kv_transfer[1]
+
+    @cached_property
     def kv_transfer_config(self) -> dict[str, Any] | str | None:
-        """Parsed --kv-transfer-config JSON; the raw string if it is not JSON; None if absent."""
-        argv = self.vllm_argv or []
-        raw: str | None = None
-        for i, arg in enumerate(argv):
-            if arg in {"--kv-transfer-config", "--kv_transfer_config"} and i + 1 < len(argv):
-                raw = argv[i + 1]
-            elif arg.startswith(("--kv-transfer-config=", "--kv_transfer_config=")):
-                raw = arg.split("=", 1)[1]
-        if raw is None:
-            return None
-        try:
-            parsed = json.loads(raw)
-        except json.JSONDecodeError:
-            return raw
-        return parsed if isinstance(parsed, dict) else raw
+        """Parsed --kv-transfer-config JSON; the raw string if it is not JSON; None if absent.
+        Looked for in the serving argv, MainPID's argv, ExecStart, `--config FILE` (vLLM's
+        YAML of CLI options) and a wrapper script, in that order."""
+        return self._kv_transfer[0]
+
+    @cached_property
+    def _kv_transfer(self) -> tuple[dict[str, Any] | str | None, str | None]:
+        for where, argv in self._launch_argvs:
+            raw = _flag(argv, ("--kv-transfer-config", "--kv_transfer_config"))
+            if raw is not None:
+                return _json_or_raw(raw), where
+        text = self.text(ev.VLLM_CONFIG_FILE)
+        if text is not None:
+            try:
+                loaded = yaml.safe_load(text)
+            except yaml.YAMLError:
+                loaded = None
+            if isinstance(loaded, dict):
+                for key in ("kv-transfer-config", "kv_transfer_config"):
+                    value = loaded.get(key)
+                    if isinstance(value, dict):
+                        return value, "--config file"
+                    if isinstance(value, str):
+                        return _json_or_raw(value), "--config file"
+        return None, None
 
     @cached_property
     def lmcache_version(self) -> str | None:
@@ -247,3 +311,12 @@ class Context:
     def gds_dir(self) -> str | None:
         value = self.settings.get("gds_dir")
         return str(value) if value else None
+
+    def real_path(self, path: str) -> str:
+        """The path with its symlinks resolved on the host (the probe resolves the GDS
+        directory and LMCache's gds_path), else the path as given (older bundles)."""
+        data = self.data(ev.GDS_DIR, partial_ok=True) or {}
+        resolved = data.get("resolved_paths")
+        if isinstance(resolved, dict) and isinstance(resolved.get(path), str):
+            return str(resolved[path])
+        return path

@@ -9,6 +9,7 @@ from __future__ import annotations
 from kvops import evidence as ev
 from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, finding
+from kvops.checks.rdma_mount import mount_line
 
 GIB = 2**30
 
@@ -30,12 +31,36 @@ def check_writable(ctx: Context) -> list[Finding]:
         why = (item or {}).get("error") or "does not exist or is not a directory"
         return [finding("GDS-080", Severity.FAIL, f"{path}: {why}")]
     user = data.get("service_user") or ctx.settings.get("service_user") or "?"
+    unusable = _mount_makes_unusable(ctx, path)
+    if unusable is not None:
+        return [unusable]
     writable = data.get("writable_by_service_user")
     if writable is True:
         return [finding("GDS-080", Severity.PASS, f"{path} writable by {user}", _summary(data))]
     if writable is False:
         return [finding("GDS-080", Severity.FAIL, f"{path} not writable by {user}", _summary(data))]
     return [finding("GDS-080", Severity.WARN, f"write access for {user} unknown", _summary(data))]
+
+
+def _mount_makes_unusable(ctx: Context, path: str) -> Finding | None:
+    """Mount options that stop the service user writing whatever the mode bits say: `ro`
+    (mount(8)); `sec=krb5*` needs a Kerberos credential for that user (nfs(5), "sec=")."""
+    table = ctx.mounts
+    mount = table.mount_for(ctx.real_path(path)) if table is not None else None
+    if mount is None:
+        return None
+    if "ro" in mount.options:
+        msg = f"{path} is on {mount.mount_point}, mounted read-only (ro)"
+        return finding("GDS-080", Severity.FAIL, msg, mount_line(mount), "Remount it rw.")
+    sec = str(mount.options.get("sec") or "")
+    if mount.is_nfs and sec.startswith("krb5"):
+        user = ctx.settings.get("service_user") or "the service user"
+        msg = (
+            f"{mount.mount_point} uses sec={sec}: {user} can write only with a Kerberos "
+            "credential (keytab/gssproxy) the mode bits do not show"
+        )
+        return finding("GDS-080", Severity.WARN, msg, mount_line(mount))
+    return None
 
 
 def check_tmp_files(ctx: Context) -> list[Finding]:

@@ -52,16 +52,58 @@ def check_gds_path(ctx: Context) -> list[Finding]:
         return [ctx.skip("GDS-060", ev.MOUNTS)]
     out = []
     source = config.sources.get("gds_path", "?")
-    for path in [p.strip() for p in str(raw).split(",") if p.strip()]:
-        mount = table.mount_for(path)
-        if mount is not None and mount.is_nfs and mount.proto in {"rdma", "rdma6"}:
-            msg = f"gds_path {path} ({source}) on {mount.mount_point} over RDMA"
-            out.append(finding("GDS-060", Severity.PASS, msg, mount_line(mount)))
-        else:
+    paths = [p.strip() for p in str(raw).split(",") if p.strip()]
+    for path in paths:
+        real = ctx.real_path(path)
+        named = path if real == path else f"{path} (→ {real})"
+        mount = table.mount_for(real)
+        if mount is None or not mount.is_nfs or mount.proto not in {"rdma", "rdma6"}:
             where = f"{mount.mount_point} ({mount.fs_type}, proto={mount.proto})" if mount else "?"
-            msg = f"gds_path {path} ({source}) is on {where}, not an NFS/RDMA mount"
+            msg = f"gds_path {named} ({source}) is on {where}, not an NFS/RDMA mount"
             out.append(finding("GDS-060", Severity.FAIL, msg, mount_line(mount) if mount else ""))
+            continue
+        # LMCache picks the filesystem type by the path as written (longest /proc/mounts
+        # prefix, gds_backend.py get_fstype) and turns GDS off on tmpfs/overlay unless
+        # use_gds was set: a symlink from such a filesystem hides the NFS mount from it.
+        lexical = table.mount_for(path)
+        if (
+            real != path
+            and lexical is not None
+            and lexical.fs_type in AUTO_DISABLE_FS
+            and not config.is_set("use_gds")
+        ):
+            msg = (
+                f"gds_path {named}: LMCache judges the path as written, which is on "
+                f"{lexical.mount_point} ({lexical.fs_type}), and turns GDS off there"
+            )
+            remedy = f"Set gds_path to {real}, or set use_gds: true explicitly."
+            out.append(finding("GDS-060", Severity.FAIL, msg, mount_line(lexical), remedy))
+            continue
+        msg = f"gds_path {named} ({source}) on {mount.mount_point} over RDMA"
+        out.append(finding("GDS-060", Severity.PASS, msg, mount_line(mount)))
+    if all(f.severity is Severity.PASS for f in out):  # one cause, one finding
+        out.extend(_declared_dir_mismatch(ctx, paths))
     return out
+
+
+AUTO_DISABLE_FS = frozenset({"tmpfs", "overlay", "overlayfs"})
+
+
+def _declared_dir_mismatch(ctx: Context, paths: list[str]) -> list[Finding]:
+    """kvops_gds_dir is what the directory checks (GDS-020.., GDS-080..) inspect: it must be
+    where LMCache writes, compared after resolving symlinks on both sides."""
+    if ctx.gds_dir is None:
+        return []
+    declared = ctx.real_path(ctx.gds_dir).rstrip("/") or "/"
+    reals = [ctx.real_path(p).rstrip("/") or "/" for p in paths]
+    if any(r == declared or r.startswith(declared + "/") for r in reals):
+        return []
+    msg = (
+        f"kvops_gds_dir {ctx.gds_dir} (→ {declared}) is not where LMCache writes "
+        f"({', '.join(reals)}): the GDS directory checks judge another directory"
+    )
+    remedy = "Set kvops_gds_dir to LMCache's gds_path (or gds_path to the checked directory)."
+    return [finding("GDS-060", Severity.WARN, msg, remedy=remedy)]
 
 
 def check_buffer_key(ctx: Context) -> list[Finding]:

@@ -19,7 +19,7 @@ def gds_mount(ctx: Context) -> Mount | None:
     table = ctx.mounts
     if table is None or ctx.gds_dir is None:
         return None
-    return table.mount_for(ctx.gds_dir)
+    return table.mount_for(ctx.real_path(ctx.gds_dir))
 
 
 def mount_line(mount: Mount) -> str:

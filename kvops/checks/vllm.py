@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from kvops import evidence as ev
 from kvops.checks.context import Context
@@ -10,6 +11,19 @@ from kvops.checks.model import Finding, Severity, finding
 from kvops.parse.prometheus import parse_prometheus_text
 
 CONNECTOR = "LMCacheConnectorV1"
+# The form that loads LMCache's own connector module (works on lmcache 0.5.6 and 0.5.7:
+# https://docs.lmcache.ai, vLLM kv_connector/factory.py `LMCacheConnectorV1Dynamic`).
+DYNAMIC_CONNECTOR = "LMCacheConnectorV1Dynamic"
+
+
+def _is_lmcache(config: Any) -> bool:
+    if not isinstance(config, dict):
+        return False
+    connector = config.get("kv_connector")
+    module = str(config.get("kv_connector_module_path") or "")
+    return connector == CONNECTOR or (connector == DYNAMIC_CONNECTOR and "lmcache" in module)
+
+
 ROLE_REMEDY = "Set kvops_role to baseline or offload for a host that serves inference."
 
 
@@ -68,16 +82,18 @@ def check_model_served(ctx: Context) -> list[Finding]:
 def check_kv_transfer_config(ctx: Context) -> list[Finding]:
     if ctx.role == ev.ROLE_NONE:
         return [finding("GDS-072", Severity.SKIP, NO_SERVICE)]
-    if ctx.vllm_argv is None:
-        return [ctx.skip("GDS-072", ev.VLLM_PROCESS, ev.VLLM_UNIT)]
     config = ctx.kv_transfer_config
+    if ctx.vllm_argv is None and config is None:
+        return [ctx.skip("GDS-072", ev.VLLM_PROCESS, ev.VLLM_UNIT)]
     connector = config.get("kv_connector") if isinstance(config, dict) else None
+    where = f" (from {ctx.kv_transfer_config_source})" if config is not None else ""
     shown = f"--kv-transfer-config {json.dumps(config) if config is not None else '(absent)'}"
     if ctx.role == ev.ROLE_OFFLOAD:
         role = config.get("kv_role") if isinstance(config, dict) else None
-        if connector == CONNECTOR and role == "kv_both":
-            return [finding("GDS-072", Severity.PASS, f"kv_connector {CONNECTOR}, kv_both", shown)]
-        if connector == CONNECTOR:
+        if _is_lmcache(config) and role == "kv_both":
+            msg = f"kv_connector {connector}, kv_both{where}"
+            return [finding("GDS-072", Severity.PASS, msg, shown)]
+        if _is_lmcache(config):
             msg = f"kv_role={role!r}: a single host both stores and loads KV (kv_both)"
             return [finding("GDS-072", Severity.WARN, msg, shown)]
         if isinstance(config, str):
@@ -85,7 +101,7 @@ def check_kv_transfer_config(ctx: Context) -> list[Finding]:
         msg = f"offload host without {CONNECTOR} (kv_connector={connector!r})"
         return [finding("GDS-072", Severity.FAIL, msg, shown)]
     if ctx.role == ev.ROLE_BASELINE:
-        if connector == CONNECTOR:
+        if _is_lmcache(config):
             msg = f"baseline host runs {CONNECTOR}: the A/B baseline would offload too"
             return [
                 finding(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -15,10 +16,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvops.abtest.arms import Arm, parse_arm
+from kvops.abtest.deploy import DeploySettings, deploy_arms
 from kvops.abtest.embedded import SimProfile
 from kvops.abtest.experiment import Hooks, Options
 from kvops.abtest.session import AbTestRequest, run_ab_test
 from kvops.errors import RC
+from kvops.lab.config import find_project_root
 from kvops.loadgen.record import RequestRecord
 from kvops.metrics import parse_slo
 from kvops.report.abtest_table import render_table
@@ -38,6 +41,8 @@ Examples:
   kvops ab-test --arm baseline=http://gpu1:8000 --arm offload=http://gpu2:8000 \\
       --scenario multi-shared-prefix --trials 4 --out runs/ab-gpu1
   kvops ab-test --arm baseline=URL --arm offload=URL --workload my-traffic.yaml --json
+  kvops ab-test --deploy -i inventories/prod --limit gpu1 --scenario multi-shared-prefix
+                                                  # switch gpu1 baseline/offload per segment
   kvops ab-test --resume runs/ab-gpu1             # continue an interrupted run
 \b
 Exit codes: 0 all requests succeeded; 1 some requests failed (counted per arm, records kept);
@@ -181,6 +186,30 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     default=None,
     help="Continue the interrupted run in this directory.",
 )
+@click.option(
+    "--deploy",
+    is_flag=True,
+    help="Before each segment, put the arm's variant on the --limit host with "
+    "playbooks/deploy.yml (GDS directory cleared); arms are named after variants.",
+)
+@click.option(
+    "-i", "--inventory", "inventories", multiple=True, help="Ansible inventory for --deploy."
+)
+@click.option("--limit", default=None, help="The one inventory host --deploy switches.")
+@click.option(
+    "--deploy-variants",
+    default="baseline,offload",
+    show_default=True,
+    help="Arms of --deploy, in order (the first is the baseline): baseline, offload, "
+    "offload_cpu_gds.",
+)
+@click.option(
+    "--deploy-var",
+    "deploy_vars",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Extra variable for deploy.yml (VALUE parsed as JSON when it is JSON).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print results.json to stdout.")
 @click.option("--sim-gpu", default="h100-sxm-80gb", show_default=True)
 @click.option("--sim-model", default="llama-3.1-8b", show_default=True)
@@ -207,7 +236,7 @@ def ab_test(**kw: Any) -> RC:
     args = CliArgs(**kw)
     try:
         req = _request(args)
-    except ValueError as exc:  # a bad --arm, --slo or workload spec (SpecError)
+    except ValueError as exc:  # a bad --arm, --slo or workload spec (WorkloadSpecError)
         raise click.UsageError(str(exc)) from None
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -292,12 +321,22 @@ class CliArgs:
     sim_model: str
     sim_storage: str
     sim_time_scale: float | None
+    deploy: bool = False
+    inventories: tuple[str, ...] = ()
+    limit: str | None = None
+    deploy_variants: str = "baseline,offload"
+    deploy_vars: tuple[str, ...] = ()
 
 
 def _request(a: CliArgs) -> AbTestRequest:
     if a.resume is not None:
         return AbTestRequest(out=a.resume, resume=True)
+    deploy = _deploy_settings(a)
     arms = [parse_arm(text) for text in a.arms]
+    if deploy is not None:
+        if arms:
+            raise ValueError("--deploy names its arms by --deploy-variants, not --arm")
+        arms = deploy_arms(deploy, a.deploy_variants.split(","), a.model)
     if len(arms) == 1:
         raise ValueError("give two or more --arm (the first is the baseline), or none")
     if len({arm.name for arm in arms}) != len(arms):
@@ -337,4 +376,27 @@ def _request(a: CliArgs) -> AbTestRequest:
         seed=a.seed,
         slo=parse_slo(a.slo),
         overwrite=a.overwrite,
+        deploy=deploy,
     )
+
+
+def _deploy_settings(a: CliArgs) -> DeploySettings | None:
+    if not a.deploy:
+        if a.inventories or a.limit or a.deploy_vars:
+            raise ValueError("-i/--limit/--deploy-var belong to --deploy")
+        return None
+    if not a.inventories or not a.limit:
+        raise ValueError("--deploy needs the inventory (-i INV) and the host (--limit HOST)")
+    root = find_project_root()
+    if root is None or not (root / "playbooks" / "deploy.yml").is_file():
+        raise ValueError("--deploy runs playbooks/deploy.yml: run it from the kvops checkout")
+    extra: dict[str, Any] = {}
+    for item in a.deploy_vars:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--deploy-var {item!r}: expected KEY=VALUE")
+        try:
+            extra[key] = json.loads(value)
+        except ValueError:
+            extra[key] = value
+    return DeploySettings(root, list(a.inventories), a.limit, extra)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -19,6 +20,7 @@ from kvops.errors import KvopsError
 from kvops.sim.lmcache_config import LMCacheConfigError, LMCacheSettings, load_lmcache_settings
 from kvops.sim.model import EngineSettings, build_engine
 from kvops.sim.profiles import ProfileError, load_gpu, load_model, load_storage
+from kvops.sim.seed_workloads import SeedShape
 
 
 def _check_profiles(model: str, gpu: str, storage: str) -> None:
@@ -34,6 +36,21 @@ def _check_profiles(model: str, gpu: str, storage: str) -> None:
             raise click.BadParameter(str(exc), param_hint=hint) from exc
 
 
+# The connector names that load LMCache in-process: vLLM's built-in one, and the version-proof
+# Dynamic form that loads LMCache's own module (https://docs.vllm.ai/en/latest/features/
+# disagg_prefill.html, "kv_connector_module_path").
+_LMCACHE_DYNAMIC_MODULE = "lmcache.integration.vllm.lmcache_connector_v1"
+
+
+def _is_lmcache_connector(config: dict[str, Any]) -> bool:
+    if config.get("kv_connector") == "LMCacheConnectorV1":
+        return True
+    return (
+        config.get("kv_connector") == "LMCacheConnectorV1Dynamic"
+        and config.get("kv_connector_module_path") == _LMCACHE_DYNAMIC_MODULE
+    )
+
+
 def _offload_settings(kv_transfer_config: str | None) -> tuple[bool, LMCacheSettings]:
     if not kv_transfer_config:
         return False, LMCacheSettings()
@@ -45,7 +62,7 @@ def _offload_settings(kv_transfer_config: str | None) -> tuple[bool, LMCacheSett
         ) from exc
     if not isinstance(config, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--kv-transfer-config")
-    if config.get("kv_connector") != "LMCacheConnectorV1":
+    if not _is_lmcache_connector(config):
         return False, LMCacheSettings()
     extra = config.get("kv_connector_extra_config") or {}
     try:
@@ -61,6 +78,7 @@ def sim() -> None:
 
 
 @sim.command()
+@click.argument("model_tag", required=False)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option(
@@ -89,7 +107,8 @@ def sim() -> None:
 @click.option(
     "--kv-transfer-config",
     default=None,
-    help='JSON; offload is on iff kv_connector is "LMCacheConnectorV1".',
+    help='JSON; offload is on iff the connector is LMCache ("LMCacheConnectorV1", or '
+    '"LMCacheConnectorV1Dynamic" with LMCache\'s kv_connector_module_path).',
 )
 @click.option(
     "--time-scale",
@@ -115,18 +134,27 @@ def sim() -> None:
 @click.option("--dtype", default="auto", help="Accepted for vLLM compatibility; ignored.")
 @click.option("--enforce-eager", is_flag=True, help="Accepted for vLLM compatibility; ignored.")
 @click.option("--disable-log-requests", is_flag=True, help="Accepted; ignored.")
+@click.option(
+    "--shutdown-timeout", default=0, type=int, help="Accepted for vLLM compatibility; ignored."
+)
 def serve(**opts: Any) -> None:
     """Serve the OpenAI API over the simulated engine until interrupted.
 
     \b
+    MODEL_TAG, as in `vllm serve MODEL`, is the model profile (it overrides --model).
+
+    \b
     Examples:
       kvops sim serve --port 8000 --time-scale 0.05
+      kvops sim serve llama-3.1-8b --port 8000
       LMCACHE_CONFIG_FILE=lmcache.yaml kvops sim serve \\
         --kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
     """
     from kvops.sim.server import ServerConfig
     from kvops.sim.server import serve as run_server
 
+    if opts["model_tag"]:
+        opts["model"] = opts["model_tag"]
     _check_profiles(opts["model"], opts["gpu"], opts["storage"])
     if opts["time_scale"] <= 0:
         raise click.BadParameter("must be positive", param_hint="--time-scale")
@@ -166,35 +194,75 @@ def serve(**opts: Any) -> None:
         raise KvopsError(f"cannot serve on {where}: {exc}") from exc
 
 
+_SHAPE_OPTIONS = [
+    click.option(
+        "--scenario",
+        type=click.Choice(["unique", "one-prefix", "multi-prefix"]),
+        default="multi-prefix",
+        show_default=True,
+    ),
+    click.option("--model", default="llama-3.1-8b", show_default=True),
+    click.option("--gpu", default="h100-sxm-80gb", show_default=True),
+    click.option("--storage", default="ontap-nfs-rdma-200g", show_default=True),
+    click.option("--tensor-parallel-size", "-tp", default=1, show_default=True,
+                 type=click.IntRange(1)),
+    click.option("--num-prefixes", default=20, show_default=True, type=click.IntRange(1),
+                 help="Shared prefixes (multi-prefix)."),
+    click.option("--prefix-tokens", default=28_000, show_default=True, type=click.IntRange(1)),
+    click.option("--prompt-tokens", default=30_000, show_default=True, type=click.IntRange(2),
+                 help="Whole prompt: prefix + unique suffix."),
+    click.option("--output-tokens", default=64, show_default=True, type=click.IntRange(1)),
+    click.option("--iterations", default=4, show_default=True, type=click.IntRange(1)),
+    click.option("--warmup-iterations", default=1, show_default=True, type=click.IntRange(0),
+                 help="Leading iterations left out of the figures (as kvops ab-test)."),
+    click.option("--batch-size", default=40, show_default=True, type=click.IntRange(1)),
+    click.option("--request-order", type=click.Choice(["shuffled", "cyclic"]),
+                 default="shuffled", show_default=True,
+                 help="Send order within an iteration (as kvops ab-test)."),
+    click.option("--seed", default=0, show_default=True, type=int),
+]  # fmt: skip
+
+
+def _shape_options(fn: Any) -> Any:
+    for option in reversed(_SHAPE_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def _shape(opts: dict[str, Any]) -> SeedShape:
+    """The scenario's shape from the command's options (checked)."""
+    _check_profiles(opts["model"], opts["gpu"], opts["storage"])
+    if opts["prompt_tokens"] <= opts["prefix_tokens"]:
+        raise click.BadParameter("must exceed --prefix-tokens", param_hint="--prompt-tokens")
+    if opts["warmup_iterations"] >= opts["iterations"]:
+        raise click.BadParameter("must be below --iterations", param_hint="--warmup-iterations")
+    return SeedShape(
+        prefix_tokens=opts["prefix_tokens"],
+        suffix_tokens=opts["prompt_tokens"] - opts["prefix_tokens"],
+        num_prefixes=opts["num_prefixes"],
+        batch_size=opts["batch_size"],
+        iterations=opts["iterations"],
+        output_tokens=opts["output_tokens"],
+        vocab_size=load_model(opts["model"]).vocab_size,
+        seed=opts["seed"],
+        request_order=opts["request_order"],
+    )
+
+
+def _arm_settings(opts: dict[str, Any]) -> Callable[[bool], EngineSettings]:
+    """Engine settings per arm: offload with an LMCache GDS tier (8 GiB buffer, no CPU tier)."""
+
+    def settings(offload: bool) -> EngineSettings:
+        lm = LMCacheSettings(local_cpu=False, gds_path="(virtual)", gds_buffer_size=8192)
+        return EngineSettings(
+            offload=offload, lmcache=lm, tensor_parallel_size=opts["tensor_parallel_size"]
+        )
+
+    return settings
+
+
 @sim.command()
-@click.option(
-    "--scenario",
-    type=click.Choice(["unique", "one-prefix", "multi-prefix"]),
-    default="multi-prefix",
-    show_default=True,
-)
-@click.option("--model", default="llama-3.1-8b", show_default=True)
-@click.option("--gpu", default="h100-sxm-80gb", show_default=True)
-@click.option("--storage", default="ontap-nfs-rdma-200g", show_default=True)
-@click.option("--tensor-parallel-size", "-tp", default=1, show_default=True, type=click.IntRange(1))
-@click.option("--num-prefixes", default=20, show_default=True, type=click.IntRange(1),
-              help="Shared prefixes (multi-prefix).")  # fmt: skip
-@click.option("--prefix-tokens", default=28_000, show_default=True, type=click.IntRange(1))
-@click.option("--prompt-tokens", default=30_000, show_default=True, type=click.IntRange(2),
-              help="Whole prompt: prefix + unique suffix.")  # fmt: skip
-@click.option("--output-tokens", default=64, show_default=True, type=click.IntRange(1))
-@click.option("--iterations", default=4, show_default=True, type=click.IntRange(1))
-@click.option("--warmup-iterations", default=1, show_default=True, type=click.IntRange(0),
-              help="Leading iterations left out of the figures (as kvops ab-test).")  # fmt: skip
-@click.option("--batch-size", default=40, show_default=True, type=click.IntRange(1))
-@click.option(
-    "--request-order",
-    type=click.Choice(["shuffled", "cyclic"]),
-    default="shuffled",
-    show_default=True,
-    help="Send order within an iteration (as kvops ab-test).",
-)
-@click.option("--seed", default=0, show_default=True, type=int)
+@_shape_options
 def run(**opts: Any) -> None:
     """Run a seed scenario in virtual time, baseline and offload arms, and print JSON
     (throughput, mean TTFT and ITL, cache hits; the first --warmup-iterations left out, requests
@@ -205,35 +273,84 @@ def run(**opts: Any) -> None:
       kvops sim run --scenario multi-prefix --storage ontap-nfs-rdma-400g
       kvops sim run --num-prefixes 8 --output-tokens 256 --request-order cyclic
     """
-    from kvops.sim.seed_workloads import SeedShape, run_batches, seed_batches, summarize
+    from kvops.sim.seed_workloads import run_batches, seed_batches, summarize
 
+    shape = _shape(opts)
     model, gpu, storage, scenario = opts["model"], opts["gpu"], opts["storage"], opts["scenario"]
-    _check_profiles(model, gpu, storage)
-    if opts["prompt_tokens"] <= opts["prefix_tokens"]:
-        raise click.BadParameter("must exceed --prefix-tokens", param_hint="--prompt-tokens")
-    if opts["warmup_iterations"] >= opts["iterations"]:
-        raise click.BadParameter("must be below --iterations", param_hint="--warmup-iterations")
-    shape = SeedShape(
-        prefix_tokens=opts["prefix_tokens"],
-        suffix_tokens=opts["prompt_tokens"] - opts["prefix_tokens"],
-        num_prefixes=opts["num_prefixes"],
-        batch_size=opts["batch_size"],
-        iterations=opts["iterations"],
-        output_tokens=opts["output_tokens"],
-        vocab_size=load_model(model).vocab_size,
-        seed=opts["seed"],
-        request_order=opts["request_order"],
-    )
     out: dict[str, Any] = {"scenario": scenario, "model": model, "gpu": gpu, "storage": storage}
     out["shape"] = dataclasses.asdict(shape)
     skip = opts["warmup_iterations"] * shape.batch_size
     for arm, offload in (("baseline", False), ("offload", True)):
-        lm = LMCacheSettings(local_cpu=False, gds_path="(virtual)", gds_buffer_size=8192)
-        settings = EngineSettings(
-            offload=offload, lmcache=lm, tensor_parallel_size=opts["tensor_parallel_size"]
-        )
-        engine = build_engine(model, gpu, storage, settings)
+        engine = build_engine(model, gpu, storage, _arm_settings(opts)(offload))
         summary = summarize(run_batches(engine, seed_batches(scenario, shape)), skip)
         out[arm] = {"num_gpu_blocks": engine.cache.num_blocks, **dataclasses.asdict(summary)}
     json.dump(out, sys.stdout, indent=2)
     click.echo()
+
+
+@sim.command()
+@click.argument("sweep_spec", metavar="PARAM=V1,V2,...")
+@_shape_options
+@click.option("--json", "as_json", is_flag=True, help="Print the points as JSON.")
+def sweep(sweep_spec: str, as_json: bool, **opts: Any) -> None:
+    """Sweep one parameter through both arms: where does offload flip from hurting to helping?
+
+    PARAM is one of num_prefixes, prefix_tokens, output_tokens, batch_size (the scenario's
+    shape) or read_bandwidth_gb_s (the storage profile's). Prints each point's throughput, mean
+    TTFT and ITL deltas, the closed-form break-even read bandwidth for the prefix length (reads
+    faster than this beat recomputing), and the interpolated flip point.
+
+    \b
+    Examples:
+      kvops sim sweep read_bandwidth_gb_s=1,2,4,8,16,32,64,128
+      kvops sim sweep num_prefixes=1,2,4,8,12,16,20,24
+      kvops sim sweep output_tokens=16,64,256,1024 --json
+    """
+    from kvops.sim.sweep import SweepError, find_flip, parse_sweep, run_sweep
+
+    try:
+        param, values = parse_sweep(sweep_spec)
+    except SweepError as exc:
+        raise click.BadParameter(str(exc), param_hint="PARAM=V1,V2,...") from None
+    shape = _shape(opts)
+    points = run_sweep(
+        param, values, scenario=opts["scenario"], shape=shape,
+        model=load_model(opts["model"]), gpu=load_gpu(opts["gpu"]),
+        storage=load_storage(opts["storage"]), settings=_arm_settings(opts),
+        skip_iterations=opts["warmup_iterations"],
+    )  # fmt: skip
+    flip = find_flip(points)
+    metrics = ("total_token_throughput_tok_s", "mean_ttft_ms", "mean_itl_ms")
+    if as_json:
+        doc = {
+            "param": param,
+            "points": [
+                {"value": p.value, "break_even_read_gb_s": p.break_even_read_gb_s,
+                 **{f"{m}_delta_pct": p.delta_pct(m) for m in metrics},
+                 "baseline": dataclasses.asdict(p.baseline),
+                 "offload": dataclasses.asdict(p.offload)}
+                for p in points
+            ],
+            "flip": dataclasses.asdict(flip) if flip else None,
+        }  # fmt: skip
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(
+        f"{param:>22} {'tok/s Δ':>9} {'TTFT Δ':>8} {'ITL Δ':>8} {'break-even read GB/s':>21}"
+    )
+    for p in points:
+        d = [p.delta_pct(m) for m in metrics]
+        click.echo(
+            f"{p.value:>22g} {d[0]:>+8.1f}% {d[1]:>+7.1f}% {d[2]:>+7.1f}% "
+            f"{p.break_even_read_gb_s:>21.2f}"
+        )
+    if flip is None:
+        sign = "helps" if points[0].delta_pct(metrics[0]) >= 0 else "hurts"
+        click.echo(f"offload {sign} throughout: no flip between {values[0]:g} and {values[-1]:g}")
+    else:
+        way = "hurting to helping" if flip.helps_above else "helping to hurting"
+        click.echo(
+            f"offload flips from {way} between {param}={flip.low:g} and {flip.high:g} "
+            f"(about {flip.at:.3g}); break-even read bandwidth for "
+            f"{shape.prefix_tokens}-token prefixes: {points[0].break_even_read_gb_s:.2f} GB/s"
+        )

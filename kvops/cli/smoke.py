@@ -7,6 +7,7 @@ exit code (`kvops.errors.RC`: 0 pass, 1 fail, 2 could not run, 130 interrupted).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -29,12 +30,34 @@ from kvops.smoke_run import SmokeError, SmokeOptions, run_smoke
 
 
 @click.command("smoke")
-@click.option("--url", required=True, help="Base URL of the engine, e.g. http://gpu1:8000.")
+@click.option(
+    "--url", help="Base URL of the engine, e.g. http://gpu1:8000 (with --host: from inventory)."
+)
 @click.option(
     "--gds-dir",
     type=click.Path(file_okay=False, path_type=Path),
     help="Where the engine writes offloaded chunks (LMCache gds_path, or the connector's "
-    "directory), as seen from here: new chunk files there are evidence.",
+    "directory), as seen from here; with --host, the path on that host (default: its "
+    "vllm_lmcache_gds_dir or kvops_gds_dir). New chunk files there are evidence.",
+)
+@click.option(
+    "--host",
+    "host_name",
+    help="Inventory host running the engine: its URL comes from the inventory and its chunk "
+    "files are read over SSH (verified host keys, become as the inventory says).",
+)
+@click.option(
+    "-i",
+    "--inventory",
+    "inventories",
+    multiple=True,
+    help="Ansible inventory for --host (path or comma list; repeatable).",
+)
+@click.option(
+    "--known-hosts",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="known_hosts for --host [default: the inventory's UserKnownHostsFile, else "
+    "~/.ssh/known_hosts].",
 )
 @click.option("--model", help="Model to use (default: the first one /v1/models lists).")
 @click.option(
@@ -91,8 +114,11 @@ from kvops.smoke_run import SmokeError, SmokeOptions, run_smoke
 )
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence excerpts in the table.")
 def smoke(
-    url: str,
+    url: str | None,
     gds_dir: Path | None,
+    host_name: str | None,
+    inventories: tuple[str, ...],
+    known_hosts: Path | None,
     model: str | None,
     prompt_tokens: int,
     prompts: int,
@@ -115,21 +141,20 @@ def smoke(
     Examples:
       kvops smoke --url http://gpu1:8000 --gds-dir /mnt/ontap/lmcache
       kvops smoke --url http://127.0.0.1:8000 --json --junit smoke.xml
+      kvops smoke --host gpu1 -i inventories/prod     # chunk files read over SSH
     Exit: 0 pass, 1 fail, 2 could not run, 130 interrupted.
     """
     err = Console(stderr=True)
-    opts = SmokeOptions(
-        url=url,
-        model=model,
-        prompt_tokens=prompt_tokens,
-        prompts=prompts,
-        gds_dir=gds_dir,
-        timeout_s=timeout_s,
-        seed=seed,
-        evict=evict,
-    )
+    if not url and not host_name:
+        raise click.UsageError("give the engine's --url, or --host H -i INVENTORY")
+    if host_name and not inventories:
+        raise click.UsageError("--host needs the inventory that names it (-i INVENTORY)")
     progress = (lambda _msg: None) if as_json else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
     try:
+        opts = _options(url, gds_dir, host_name, list(inventories), known_hosts, timeout_s)
+        opts = dataclasses.replace(
+            opts, model=model, prompt_tokens=prompt_tokens, prompts=prompts, seed=seed, evict=evict
+        )
         evidence = run_smoke(opts, progress)
     except SmokeError as exc:
         if as_json:  # scripts read stdout: the failure is a document there too
@@ -150,3 +175,24 @@ def smoke(
         verdict = overall(items)
         out.print(Text.assemble("smoke: ", (str(verdict), STYLE[verdict])))
     return exit_code(items)
+
+
+def _options(
+    url: str | None,
+    gds_dir: Path | None,
+    host_name: str | None,
+    inventories: list[str],
+    known_hosts: Path | None,
+    timeout_s: float,
+) -> SmokeOptions:
+    """Where to send requests and where to look for chunk files: here, or on an inventory host."""
+    if not host_name:
+        assert url is not None
+        return SmokeOptions(url=url, gds_dir=gds_dir, timeout_s=timeout_s)
+    from kvops.smoke_remote import RemoteChunks, host_target
+    from kvops.ssh import SshOptions
+
+    target = host_target(inventories, host_name, url, str(gds_dir) if gds_dir else None)
+    ssh = SshOptions(known_hosts=known_hosts.expanduser() if known_hosts else None)
+    chunks = RemoteChunks(target.host, target.gds_dir, ssh) if target.gds_dir else None
+    return SmokeOptions(url=target.url, timeout_s=timeout_s, chunks=chunks)

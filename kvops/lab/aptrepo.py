@@ -28,7 +28,7 @@ FILE_KINDS = ("double", "fixture", "file", "content", "symlink")
 RELATIONS = ("depends", "conflicts", "provides", "replaces")
 
 
-class SpecError(KvopsError, ValueError):
+class PackageSpecError(KvopsError, ValueError):
     """The package list is malformed; the message names the package and the field."""
 
 
@@ -61,24 +61,24 @@ class RepoSpec:
 
 def _file_spec(where: str, raw: Any) -> FileSpec:
     if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
-        raise SpecError(f"{where}: each file needs a 'path' string")
+        raise PackageSpecError(f"{where}: each file needs a 'path' string")
     path = raw["path"]
     if not path.startswith("/") or ".." in path.split("/"):
-        raise SpecError(f"{where}: path {path!r} must be absolute without '..'")
+        raise PackageSpecError(f"{where}: path {path!r} must be absolute without '..'")
     kinds = [k for k in FILE_KINDS if k in raw]
     if len(kinds) != 1:
-        raise SpecError(f"{where} {path}: give exactly one of {', '.join(FILE_KINDS)}")
+        raise PackageSpecError(f"{where} {path}: give exactly one of {', '.join(FILE_KINDS)}")
     kind = kinds[0]
     source = raw[kind]
     if not isinstance(source, str):
-        raise SpecError(f"{where} {path}: '{kind}' must be a string")
+        raise PackageSpecError(f"{where} {path}: '{kind}' must be a string")
     default_mode = "0755" if kind == "double" else "0644"
     mode_text = str(raw.get("mode", default_mode))
     if not re.fullmatch(r"0[0-7]{3}", mode_text):
-        raise SpecError(f"{where} {path}: mode must look like '0644', got {mode_text!r}")
+        raise PackageSpecError(f"{where} {path}: mode must look like '0644', got {mode_text!r}")
     unknown = set(raw) - {"path", "mode", kind}
     if unknown:
-        raise SpecError(f"{where} {path}: unknown keys {sorted(unknown)}")
+        raise PackageSpecError(f"{where} {path}: unknown keys {sorted(unknown)}")
     return FileSpec(path=path, kind=kind, source=source, mode=int(mode_text, 8))
 
 
@@ -86,58 +86,58 @@ def _str_list(where: str, key: str, raw: Any) -> tuple[str, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list) or not all(isinstance(x, str) and x for x in raw):
-        raise SpecError(f"{where}: '{key}' must be a list of strings")
+        raise PackageSpecError(f"{where}: '{key}' must be a list of strings")
     return tuple(raw)
 
 
 def parse_spec(doc: Any) -> RepoSpec:
-    """Validate the loaded YAML document (pure; raises :class:`SpecError`)."""
+    """Validate the loaded YAML document (pure; raises :class:`PackageSpecError`)."""
     if not isinstance(doc, dict) or doc.get("schema") != 1:
-        raise SpecError("package list: expected a mapping with 'schema: 1'")
+        raise PackageSpecError("package list: expected a mapping with 'schema: 1'")
     raw_packages = doc.get("packages")
     if not isinstance(raw_packages, list) or not raw_packages:
-        raise SpecError("package list: 'packages' must be a non-empty list")
+        raise PackageSpecError("package list: 'packages' must be a non-empty list")
     packages: list[PackageSpec] = []
     seen: set[str] = set()
     for i, raw in enumerate(raw_packages):
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-            raise SpecError(f"packages[{i}]: needs a 'name'")
+            raise PackageSpecError(f"packages[{i}]: needs a 'name'")
         name = raw["name"]
         where = f"package {name}"
         if not NAME_RE.match(name):
-            raise SpecError(f"{where}: not a valid Debian package name")
+            raise PackageSpecError(f"{where}: not a valid Debian package name")
         if name in seen:
-            raise SpecError(f"{where}: listed twice")
+            raise PackageSpecError(f"{where}: listed twice")
         seen.add(name)
         unknown = set(raw) - {"name", "versions", "description", "files", "postinst", "vars"}
         unknown -= set(RELATIONS)
         if unknown:
-            raise SpecError(f"{where}: unknown keys {sorted(unknown)}")
+            raise PackageSpecError(f"{where}: unknown keys {sorted(unknown)}")
         versions = _str_list(where, "versions", raw.get("versions"))
         if not versions:
-            raise SpecError(f"{where}: needs at least one version")
+            raise PackageSpecError(f"{where}: needs at least one version")
         for version in versions:
             if not VERSION_RE.match(version):
-                raise SpecError(f"{where}: {version!r} is not a valid Debian version")
+                raise PackageSpecError(f"{where}: {version!r} is not a valid Debian version")
         if len(set(versions)) != len(versions):
-            raise SpecError(f"{where}: a version is listed twice")
+            raise PackageSpecError(f"{where}: a version is listed twice")
         description = raw.get("description")
         if not isinstance(description, str) or not description.strip():
-            raise SpecError(f"{where}: needs a one-line 'description'")
+            raise PackageSpecError(f"{where}: needs a one-line 'description'")
         files_raw = raw.get("files") or []
         if not isinstance(files_raw, list):
-            raise SpecError(f"{where}: 'files' must be a list")
+            raise PackageSpecError(f"{where}: 'files' must be a list")
         files = tuple(_file_spec(where, f) for f in files_raw)
         paths = [f.path for f in files]
         if len(set(paths)) != len(paths):
-            raise SpecError(f"{where}: a path is listed twice")
+            raise PackageSpecError(f"{where}: a path is listed twice")
         relations = {key: _str_list(where, key, raw.get(key)) for key in RELATIONS}
         postinst = raw.get("postinst")
         if postinst is not None and not isinstance(postinst, str):
-            raise SpecError(f"{where}: 'postinst' must name a double")
+            raise PackageSpecError(f"{where}: 'postinst' must name a double")
         pvars = raw.get("vars") or {}
         if not isinstance(pvars, dict) or not all(isinstance(v, str) for v in pvars.values()):
-            raise SpecError(f"{where}: 'vars' must map names to strings")
+            raise PackageSpecError(f"{where}: 'vars' must map names to strings")
         packages.append(
             PackageSpec(name, versions, description.strip(), files, relations, postinst, pvars)
         )
@@ -154,7 +154,7 @@ def load_spec(path: Path) -> RepoSpec:
     try:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise SpecError(f"cannot read package list {path}: {exc}") from exc
+        raise PackageSpecError(f"cannot read package list {path}: {exc}") from exc
     return parse_spec(doc)
 
 
@@ -184,7 +184,7 @@ class Sources:
         base = {"double": self.doubles, "fixture": self.fixtures, "file": self.files}[spec.kind]
         path = base / spec.source
         if not path.is_file():
-            raise SpecError(f"{spec.path}: {spec.kind} source {path} does not exist")
+            raise PackageSpecError(f"{spec.path}: {spec.kind} source {path} does not exist")
         return path
 
 
@@ -278,7 +278,7 @@ def build_repo(spec: RepoSpec, sources: Sources, out: Path) -> Path:
         for pkg in spec.packages:
             for version in pkg.versions:
                 build_package(pkg, version, sources, work, out)
-    except SpecError as exc:
+    except PackageSpecError as exc:
         raise LabError(f"test package list: {exc}") from exc
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -192,12 +192,12 @@ class Lab:
             return None, None
         try:
             spec = aptrepo.load_spec(spec_path)
-        except aptrepo.SpecError as exc:
+        except aptrepo.PackageSpecError as exc:
             raise LabError(str(exc)) from exc
         sources = spec_sources(spec_path)
         try:
             key = aptrepo.digest(spec_path, spec, sources)
-        except aptrepo.SpecError as exc:
+        except aptrepo.PackageSpecError as exc:
             raise LabError(f"test package list: {exc}") from exc
         repo = self.cfg.cache_dir / f"repo-{key}"
         if not (repo / "Packages.gz").exists():

@@ -18,6 +18,7 @@ import re
 import select
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -55,6 +56,8 @@ class Probe:
         roots = config.get("roots") or {}
         self.roots = {k: str(roots[k]).rstrip("/") for k in ("proc", "sys", "etc") if roots.get(k)}
         self.tool_dirs = [str(d) for d in (config.get("tool_dirs") or [])]
+        self._bearer_token = str(config.get("http_bearer_token") or "") or None
+        self.http_ca_file = str(config.get("http_ca_file") or "") or None
         self.items: Dict[str, Dict[str, Any]] = {}
         self._workdir: Optional[str] = None
 
@@ -247,16 +250,25 @@ class Probe:
             return self.items[item_id]
         start = time.monotonic()
         item: Dict[str, Any] = {"kind": KIND_HTTP, "source": url, "http_status": None}
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        handlers: List[Any] = [urllib.request.ProxyHandler({})]
+        if url.startswith("https:"):
+            # verified always; against the inventory's CA bundle when one is given
+            context = ssl.create_default_context(cafile=self.http_ca_file)
+            handlers.append(urllib.request.HTTPSHandler(context=context))
+        opener = urllib.request.build_opener(*handlers)
+        request = urllib.request.Request(url)
+        if self._bearer_token:
+            request.add_header("Authorization", "Bearer " + self._bearer_token)
+            item["auth"] = "bearer token (not recorded)"
         timeout = min(self.http_timeout_s, max(self.remaining(), 0.5))
         try:
-            with opener.open(url, timeout=timeout) as resp:
+            with opener.open(request, timeout=timeout) as resp:
                 body = resp.read(limit + 1)
                 item["http_status"] = resp.status
         except urllib.error.HTTPError as exc:
             item["http_status"] = exc.code
             body = exc.read(limit + 1) if exc.fp is not None else b""
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (urllib.error.URLError, OSError, ValueError, ssl.SSLError) as exc:
             reason = getattr(exc, "reason", exc)
             item["error"] = "no response: %s" % (reason,)
             body = b""

@@ -256,6 +256,9 @@ def collect_service(p: Probe, settings: Dict[str, Any]) -> Dict[str, Any]:
         try:
             proc_data, proc_env = _process_data(pid)
             proc_data["found_by"] = found_by
+            serving = _serving_descendant(pid)
+            if serving is not None:
+                proc_data["serving_pid"], proc_data["serving_argv"] = serving
         except OSError as exc:
             error = "cannot read %s: %s" % (source, exc)
     else:
@@ -303,11 +306,112 @@ def collect_service(p: Probe, settings: Dict[str, Any]) -> Dict[str, Any]:
         }
     collect_journal(p, unit, (show.get("InvocationID") or [""])[-1])
     argv = (proc_data or {}).get("argv") or _exec_start_argv(show.get("ExecStart", []))
+    root_pid = int((proc_data or {}).get("serving_pid") or pid or 0) if proc_data else 0
+    collect_launch_files(p, [(proc_data or {}).get("serving_argv") or [], argv], root_pid)
     collect_lmcache_version(p, argv, env, settings, pid if proc_data else 0)
     user = settings.get("service_user") or (proc_data or {}).get("user")
     if not user and show:
         user = (show.get("User") or [""])[-1] or "root"
     return {"env": env, "service_user": user}
+
+
+DESCENDANT_DEPTH = 4
+
+
+def _children() -> Dict[int, List[int]]:
+    """ppid → pids, from /proc/*/stat (field 4, after the parenthesised command name)."""
+    out: Dict[int, List[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        stat_text = read_text("/proc/%s/stat" % name, 1024) or ""
+        fields = stat_text.rpartition(")")[2].split()
+        if len(fields) > 1 and fields[1].isdigit():
+            out.setdefault(int(fields[1]), []).append(int(name))
+    return out
+
+
+def _serving_descendant(pid: int) -> "Optional[Tuple[int, List[str]]]":
+    """The process under MainPID that really serves (a wrapper script's child, a container's
+    process under podman's conmon): the first descendant whose argv names vLLM's connector
+    config or vLLM itself. None when MainPID is that process already."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            own = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    if "--kv-transfer-config" in own or "--kv_transfer_config" in own:
+        return None
+    children = _children()
+    level = children.get(pid, [])
+    for _ in range(DESCENDANT_DEPTH):
+        nxt: List[int] = []
+        for child in sorted(level):
+            try:
+                with open("/proc/%d/cmdline" % child, "rb") as fh:
+                    argv = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
+            except OSError:
+                continue
+            text = " ".join(argv)
+            if "--kv-transfer-config" in text or "--kv_transfer_config" in text or "vllm" in text:
+                return child, redact_argv(argv)
+            nxt += children.get(child, [])
+        level = nxt
+    return None
+
+
+SHELLS = ("sh", "bash", "dash", "zsh")
+
+
+def _flag_value(argv: List[str], flag: str) -> Optional[str]:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _in_process_root(pid: int, path: str) -> str:
+    """Where to read a path the service names: inside its own filesystem (a container's
+    /proc/<pid>/root) when that is readable, else the host's."""
+    if pid and os.path.isabs(path):
+        inside = "/proc/%d/root%s" % (pid, path)
+        if os.path.exists(inside):
+            return inside
+    return path
+
+
+def collect_launch_files(p: Probe, argvs: List[List[str]], pid: int) -> None:
+    """Files that carry vLLM's arguments when argv does not: `vllm serve --config FILE`
+    (https://docs.vllm.ai/en/latest/configuration/serve_args.html) and a wrapper script the
+    unit starts. Read as text and redacted, never executed."""
+    config = next((v for v in (_flag_value(a, "--config") for a in argvs) if v), None)
+    if config:
+        item = p.file("vllm_config_file", _in_process_root(pid, config))
+        if item.get("stdout"):
+            item["stdout"] = redact_text(item["stdout"])
+    script = None
+    for argv in argvs:
+        if not argv:
+            continue
+        words = argv[1:] if os.path.basename(argv[0]) in SHELLS else argv[:1]
+        candidate = next((w for w in words if not w.startswith("-")), None)
+        if candidate and os.path.isabs(candidate) and _is_script(candidate):
+            script = candidate
+            break
+    if script:
+        item = p.file("vllm_wrapper", script)
+        if item.get("stdout"):
+            item["stdout"] = redact_text(item["stdout"])
+
+
+def _is_script(path: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2) == b"#!"
+    except OSError:
+        return False
 
 
 JOURNAL_LINES = 3000

@@ -22,6 +22,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import re
 import shutil
 import stat
 import sys
@@ -92,7 +93,7 @@ def collect_gds(p: Probe, settings: Dict[str, Any], service: Dict[str, Any]) -> 
     if wrapper:  # only the python wrapper is installed (gds-tools packaging varies)
         argv = [sys.executable or "python3", "-I", "-S", wrapper, "-p"]
     p.command("gdscheck", argv, extra_env=tool_env(p, config_path))
-    gds_dir(p, settings.get("gds_dir"), service.get("service_user"))
+    gds_dir(p, settings.get("gds_dir"), service.get("service_user"), env)
     if settings.get("storage_bench"):
         bench(p, settings, config_path, service.get("service_user"))
 
@@ -130,9 +131,13 @@ def _storage_budget_s(p: Probe) -> float:
     return max(min(p.command_timeout_s, p.remaining() - 1.0), 0.5)
 
 
-def summarize_dir(path: str, service_user: Optional[str], walk_s: float) -> Dict[str, Any]:
-    """stat, statvfs and a bounded walk of the GDS directory (runs in a child)."""
+def summarize_dir(
+    path: str, service_user: Optional[str], walk_s: float, others: Optional[List[str]] = None
+) -> Dict[str, Any]:
+    """stat, statvfs and a bounded walk of the GDS directory (runs in a child), and the real
+    path of it and of LMCache's gds_path(s): a symlink decides which mount a path is on."""
     data: Dict[str, Any] = {"exists": False, "is_dir": False, "service_user": service_user}
+    data["resolved_paths"] = {p: os.path.realpath(p) for p in [path, *(others or [])]}
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -180,7 +185,21 @@ def _is_bench_dir(name: str) -> bool:
     return name == LEGACY_BENCH_SUBDIR or name.startswith(BENCH_PREFIX)
 
 
-def gds_dir(p: Probe, path: Optional[str], service_user: Optional[str]) -> None:
+_GDS_PATH_LINE = re.compile(r"^\s*gds_path\s*:\s*['\"]?([^'\"#\n]+?)['\"]?\s*(?:#.*)?$", re.M)
+
+
+def lmcache_gds_paths(p: Probe, env: Dict[str, str]) -> List[str]:
+    """Absolute paths LMCache may write to (its YAML's `gds_path:` lines, LMCACHE_GDS_PATH;
+    comma lists split), only to resolve their symlinks; judging them is the checks' job."""
+    text = str((p.items.get("lmcache_config") or {}).get("stdout") or "")
+    raw = [*_GDS_PATH_LINE.findall(text), env.get("LMCACHE_GDS_PATH") or ""]
+    paths = [part.strip() for value in raw for part in value.split(",")]
+    return sorted({path for path in paths if os.path.isabs(path)})
+
+
+def gds_dir(
+    p: Probe, path: Optional[str], service_user: Optional[str], env: Optional[Dict[str, str]] = None
+) -> None:
     start = time.monotonic()
     if not path:
         p.structured("gds_dir", KIND_DIR, "", None, "settings.gds_dir not set", start)
@@ -188,7 +207,8 @@ def gds_dir(p: Probe, path: Optional[str], service_user: Optional[str]) -> None:
     if p.out_of_time("gds_dir", KIND_DIR, path):
         return
     budget = _storage_budget_s(p)
-    data, error = in_child(lambda: summarize_dir(path, service_user, budget * 0.8), budget)
+    others = lmcache_gds_paths(p, env or {})
+    data, error = in_child(lambda: summarize_dir(path, service_user, budget * 0.8, others), budget)
     if data is None:
         data = {"exists": None, "is_dir": None, "service_user": service_user}
         error = "GDS directory %s %s" % (path, error)

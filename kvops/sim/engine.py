@@ -18,7 +18,7 @@ from kvops.sim.hashing import PromptHasher, as_token_array
 from kvops.sim.kvcache import GpuKvCache, Ids
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.offload import OffloadTier
-from kvops.sim.records import EngineStats, Request, RequestRecord, StepResult
+from kvops.sim.records import EngineStats, Request, SimRequestRecord, StepResult
 
 _NO_BLOCKS: Ids = np.zeros(0, dtype=np.int64)
 
@@ -64,7 +64,7 @@ class _Seq:
         self.block_hashes, self.chunk_hashes = hasher(tokens)
         self.num_full_blocks = int(self.block_hashes.shape[0])
         self.num_full_chunks = len(self.chunk_hashes)
-        self.record = RequestRecord(
+        self.record = SimRequestRecord(
             req.request_id, req.arrival_s, self.prompt_len, req.output_tokens
         )
         self.num_computed = 0
@@ -131,7 +131,7 @@ class Engine:
         heapq.heappush(self._pending, (req.arrival_s, self._counter, seq))
         self._by_id[req.request_id] = seq
 
-    def abort(self, request_id: str) -> RequestRecord | None:
+    def abort(self, request_id: str) -> SimRequestRecord | None:
         """Drop a request (client went away); its blocks are freed as on finish."""
         seq = self._by_id.pop(request_id, None)
         if seq is None:
@@ -371,7 +371,7 @@ class Engine:
                 wait_s, stored = offload.store(fresh, end_s + copy_s, self.settings.store_blocking)
                 end_s += copy_s + wait_s
         token_ids: list[str] = []
-        finished: list[RequestRecord] = []
+        finished: list[SimRequestRecord] = []
         for seq in emitting:
             rec = seq.record
             seq.generated += 1
@@ -394,7 +394,7 @@ class Engine:
         self.now_s = end_s
         return StepResult(start_s, end_s, token_ids, finished, stored)
 
-    def run(self, requests: Iterable[Request]) -> list[RequestRecord]:
+    def run(self, requests: Iterable[Request]) -> list[SimRequestRecord]:
         """Simulate requests to completion; records in the order the requests were given."""
         seqs = []
         for req in requests:

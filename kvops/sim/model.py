@@ -54,7 +54,7 @@ from kvops.sim.profiles import (
     load_model,
     load_storage,
 )
-from kvops.sim.records import EngineStats, Request, RequestRecord, StepResult
+from kvops.sim.records import EngineStats, Request, SimRequestRecord, StepResult
 
 __all__ = [
     "Engine",
@@ -63,7 +63,7 @@ __all__ = [
     "EngineStats",
     "LMCacheSettings",
     "Request",
-    "RequestRecord",
+    "SimRequestRecord",
     "StepResult",
     "build_engine",
     "simulate",
@@ -123,6 +123,6 @@ def simulate(
     gpu: str | GpuProfile = "h100-sxm-80gb",
     storage: str | StorageProfile = "ontap-nfs-rdma-200g",
     settings: EngineSettings | None = None,
-) -> list[RequestRecord]:
+) -> list[SimRequestRecord]:
     """Build an engine and run `requests` through it; per-request records in input order."""
     return build_engine(model, gpu, storage, settings).run(requests)

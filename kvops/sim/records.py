@@ -21,7 +21,7 @@ class Request:
 
 
 @dataclass
-class RequestRecord:
+class SimRequestRecord:
     """What happened to one request, in virtual seconds. Prompt tokens by source are from the
     request's first scheduling (what vLLM reports as cached tokens); recomputation after a
     preemption is counted in `num_preemptions`, not here."""
@@ -78,5 +78,5 @@ class StepResult:
     start_s: float
     end_s: float
     token_request_ids: list[str]
-    finished: list[RequestRecord]
+    finished: list[SimRequestRecord]
     stored_chunk_hashes: list[int]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvops.sim.model import Engine
-from kvops.sim.records import Request, RequestRecord
+from kvops.sim.records import Request, SimRequestRecord
 
 SCENARIOS = ("unique", "one-prefix", "multi-prefix")
 
@@ -69,9 +69,9 @@ def iter_seed_batches(scenario: str, shape: SeedShape = SeedShape()) -> Iterator
         yield batch
 
 
-def run_batches(engine: Engine, batches: Iterable[list[Request]]) -> list[RequestRecord]:
+def run_batches(engine: Engine, batches: Iterable[list[Request]]) -> list[SimRequestRecord]:
     """Closed loop: each batch arrives when the engine has finished the previous one."""
-    records: list[RequestRecord] = []
+    records: list[SimRequestRecord] = []
     for batch in batches:
         for req in batch:
             req.arrival_s = engine.now_s
@@ -91,7 +91,7 @@ class Summary:
     mean_itl_ms: float = 0.0
 
 
-def summarize(records: list[RequestRecord], skip_first: int = 0) -> Summary:
+def summarize(records: list[SimRequestRecord], skip_first: int = 0) -> Summary:
     """Figures over the records, leaving out the first `skip_first` (a warm-up iteration's
     requests, as `kvops ab-test --warmup-iterations` leaves them out)."""
     records = records[skip_first:]

@@ -42,7 +42,7 @@ from kvops.sim.openai_api import (
     usage,
 )
 from kvops.sim.profiles import ModelProfile, load_model
-from kvops.sim.records import Request, RequestRecord
+from kvops.sim.records import Request, SimRequestRecord
 from kvops.sim.server_metrics import ServerMetrics
 from kvops.sim.tokenizer import WordTokenizer
 
@@ -74,7 +74,7 @@ class _Stream:
     """Token events for one in-flight request: ints (token ids) then the final record."""
 
     def __init__(self, prompt_ids: TokenIds, seed: int) -> None:
-        self.queue: asyncio.Queue[int | RequestRecord | EngineDeadError] = asyncio.Queue()
+        self.queue: asyncio.Queue[int | SimRequestRecord | EngineDeadError] = asyncio.Queue()
         head = tuple(int(t) for t in prompt_ids[:64])
         self.rng = random.Random(hash((seed, len(prompt_ids), head)))
 
@@ -125,7 +125,7 @@ class SimServer:
         self._streams: dict[str, _Stream] = {}
         self.dead_reason = ""
         # The last finished requests' modelled records (virtual seconds), for tests/debugging.
-        self.recent_records: deque[RequestRecord] = deque(maxlen=1024)
+        self.recent_records: deque[SimRequestRecord] = deque(maxlen=1024)
         self._wakeup = asyncio.Event()
         self._real0 = 0.0
         self._loop_task: asyncio.Task[None] | None = None
@@ -229,7 +229,7 @@ class SimServer:
 
     async def _generate(
         self, stream: _Stream, rid: str
-    ) -> AsyncGenerator[list[int | RequestRecord], None]:
+    ) -> AsyncGenerator[list[int | SimRequestRecord], None]:
         """Everything available for the request at each wake-up: token ids, then its record.
         Handing over all queued tokens at once lets a lagging server write a burst in one
         send instead of one per token."""
@@ -239,12 +239,12 @@ class SimServer:
                 items = [await stream.queue.get()]
                 while not stream.queue.empty():
                     items.append(stream.queue.get_nowait())
-                batch: list[int | RequestRecord] = []
+                batch: list[int | SimRequestRecord] = []
                 for item in items:
                     if isinstance(item, EngineDeadError):
                         raise item
                     batch.append(item)
-                finished = isinstance(batch[-1], RequestRecord)
+                finished = isinstance(batch[-1], SimRequestRecord)
                 yield batch
                 if finished:
                     return
@@ -295,7 +295,7 @@ class SimServer:
         request: web.Request,
         parsed: ParsedRequest,
         maker: ChunkMaker,
-        gen: AsyncIterator[list[int | RequestRecord]],
+        gen: AsyncIterator[list[int | SimRequestRecord]],
     ) -> web.StreamResponse:
         try:
             batch = await gen.__anext__()

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvops.sim.model import Engine
-from kvops.sim.records import RequestRecord
+from kvops.sim.records import SimRequestRecord
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
@@ -158,7 +158,7 @@ class ServerMetrics:
     def observe_lag(self, lag_s: float) -> None:
         self.emission_lag.labels(*self._values).observe(max(0.0, lag_s))
 
-    def observe(self, record: RequestRecord, time_scale: float) -> None:
+    def observe(self, record: SimRequestRecord, time_scale: float) -> None:
         """Record a finished request's latencies in real seconds (virtual x time_scale)."""
         if record.first_token_s is None or record.finish_s is None:
             return

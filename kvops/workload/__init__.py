@@ -9,8 +9,8 @@ from kvops.workload.generate import (
 )
 from kvops.workload.spec import (
     PRESET_NAMES,
-    SpecError,
     WorkloadSpec,
+    WorkloadSpecError,
     load_preset,
     load_spec_file,
     spec_from_dict,
@@ -21,8 +21,8 @@ __all__ = [
     "Alphabet",
     "PlannedRequest",
     "SampleRequest",
-    "SpecError",
     "WorkloadSpec",
+    "WorkloadSpecError",
     "load_preset",
     "load_spec_file",
     "make_prefixes",

@@ -22,7 +22,7 @@ PRESET_NAMES = ("unique-one-shot", "single-shared-prefix", "multi-shared-prefix"
 REQUEST_ORDERS = ("shuffled", "cyclic")
 
 
-class SpecError(KvopsError, ValueError):
+class WorkloadSpecError(KvopsError, ValueError):
     """A workload spec that cannot be run as written; the message names the key and the fix."""
 
 
@@ -76,7 +76,7 @@ class WorkloadSpec:
         if scale == 1.0:
             return self
         if not 0 < scale <= 1.0:
-            raise SpecError(f"--scale must be in (0, 1], got {scale}")
+            raise WorkloadSpecError(f"--scale must be in (0, 1], got {scale}")
 
         def s(n: int, floor: int) -> int:
             return max(floor, round(n * scale)) if n else 0
@@ -112,13 +112,13 @@ _INT_FIELDS = {
 
 
 def spec_from_dict(data: Any, source: str = "spec") -> WorkloadSpec:
-    """Validate a mapping into a WorkloadSpec; every problem is a SpecError naming the key."""
+    """Validate a mapping into a WorkloadSpec; each problem is a WorkloadSpecError naming a key."""
     if not isinstance(data, dict):
-        raise SpecError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
+        raise WorkloadSpecError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
     known = {f.name for f in dataclasses.fields(WorkloadSpec)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise SpecError(
+        raise WorkloadSpecError(
             f"{source}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
         )
     values: dict[str, Any] = {}
@@ -132,21 +132,23 @@ def spec_from_dict(data: Any, source: str = "spec") -> WorkloadSpec:
 def _check_field(key: str, value: Any, source: str) -> Any:
     if key == "request_order":
         if value not in REQUEST_ORDERS:
-            raise SpecError(f"{source}: request_order must be one of {', '.join(REQUEST_ORDERS)}")
+            raise WorkloadSpecError(
+                f"{source}: request_order must be one of {', '.join(REQUEST_ORDERS)}"
+            )
         return value
     if key in ("name", "description"):
         if not isinstance(value, str):
-            raise SpecError(f"{source}: {key} must be a string")
+            raise WorkloadSpecError(f"{source}: {key} must be a string")
         return value
     if key in _INT_FIELDS:
         if isinstance(value, bool) or not isinstance(value, int) or value < _INT_FIELDS[key]:
-            raise SpecError(f"{source}: {key} must be an integer >= {_INT_FIELDS[key]}")
+            raise WorkloadSpecError(f"{source}: {key} must be an integer >= {_INT_FIELDS[key]}")
         return value
     if key in ("requests_per_iteration", "max_concurrency"):
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SpecError(f"{source}: {key} must be a positive integer or null")
+            raise WorkloadSpecError(f"{source}: {key} must be a positive integer or null")
         return value
     if key == "rate":
         if value is None:
@@ -154,38 +156,42 @@ def _check_field(key: str, value: Any, source: str) -> Any:
         if value == "inf":
             return math.inf
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise SpecError(f"{source}: rate must be a positive number (requests/s), inf or null")
+            raise WorkloadSpecError(
+                f"{source}: rate must be a positive number (requests/s), inf or null"
+            )
         return float(value)
     if key == "burstiness":
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise SpecError(f"{source}: burstiness must be a positive number")
+            raise WorkloadSpecError(f"{source}: burstiness must be a positive number")
         return float(value)
-    raise SpecError(f"{source}: unknown key {key}")  # unreachable: filtered above
+    raise WorkloadSpecError(f"{source}: unknown key {key}")  # unreachable: filtered above
 
 
 def _check_spec(spec: WorkloadSpec, source: str) -> None:
     if spec.num_prefixes and spec.prefix_tokens < 1:
-        raise SpecError(f"{source}: num_prefixes > 0 needs prefix_tokens >= 1")
+        raise WorkloadSpecError(f"{source}: num_prefixes > 0 needs prefix_tokens >= 1")
     if spec.num_prefixes and spec.prompt_tokens <= spec.prefix_tokens:
-        raise SpecError(
+        raise WorkloadSpecError(
             f"{source}: prompt_tokens ({spec.prompt_tokens}) must exceed prefix_tokens "
             f"({spec.prefix_tokens}) so every prompt has a unique suffix"
         )
     if not spec.num_prefixes and spec.prefix_tokens:
-        raise SpecError(f"{source}: prefix_tokens is set but num_prefixes is 0")
+        raise WorkloadSpecError(f"{source}: prefix_tokens is set but num_prefixes is 0")
     if spec.rate is None and spec.max_concurrency is not None:
-        raise SpecError(f"{source}: max_concurrency applies to rate mode; set rate (or inf)")
+        raise WorkloadSpecError(
+            f"{source}: max_concurrency applies to rate mode; set rate (or inf)"
+        )
 
 
 def load_spec_file(path: Path) -> WorkloadSpec:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SpecError(f"cannot read workload file {path}: {exc.strerror}") from None
+        raise WorkloadSpecError(f"cannot read workload file {path}: {exc.strerror}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML ({exc})") from None
+        raise WorkloadSpecError(f"{path}: not valid YAML ({exc})") from None
     spec = spec_from_dict(data, str(path))
     if "name" not in data:
         spec = dataclasses.replace(spec, name="custom")
@@ -195,6 +201,8 @@ def load_spec_file(path: Path) -> WorkloadSpec:
 def load_preset(name: str) -> WorkloadSpec:
     """A built-in preset, read from the packaged data file `presets/<name>.yaml`."""
     if name not in PRESET_NAMES:
-        raise SpecError(f"unknown scenario {name!r}; choose one of {', '.join(PRESET_NAMES)}, all")
+        raise WorkloadSpecError(
+            f"unknown scenario {name!r}; choose one of {', '.join(PRESET_NAMES)}, all"
+        )
     text = resources.files("kvops.workload").joinpath(f"presets/{name}.yaml").read_text("utf-8")
     return spec_from_dict(yaml.safe_load(text), f"preset {name}")

@@ -35,7 +35,8 @@ def _workload(tmp_path: Path, iterations: int = 2) -> Path:
 def _cmd(out: Path, workload: Path, base: str, cand: str, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "kvops", "ab-test", "--arm", f"baseline={base}",
-        "--arm", f"offload={cand}", "--workload", str(workload), "--out", str(out), *extra,
+        "--arm", f"offload={cand}", "--workload", str(workload), "--out", str(out),
+        "--trials", "2", *extra,
     ]  # fmt: skip
 
 

@@ -25,7 +25,8 @@ def test_three_seed_outcomes_on_embedded_engines(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     verdicts = {name: sc["verdict"] for name, sc in doc["scenarios"].items()}
-    assert verdicts["multi-shared-prefix"] == "helps", verdicts
+    multi_cs = doc["scenarios"]["multi-shared-prefix"]["comparisons"]
+    assert verdicts["multi-shared-prefix"] == "helps", (verdicts, multi_cs[0], doc["warnings"])
     assert verdicts["unique-one-shot"] != "helps", verdicts
     assert verdicts["single-shared-prefix"] != "helps", verdicts
     multi = doc["scenarios"]["multi-shared-prefix"]

@@ -67,6 +67,16 @@ def test_many_overflowing_prefixes_help_case_3(multi: Analysis) -> None:
     assert any("reference case 3" in line for line in advice.explanation)
 
 
+def test_cpu_tier_is_simulated_at_the_working_set_size(multi: Analysis) -> None:
+    tier = multi.cpu_tier
+    assert tier is not None
+    working_set_gb = multi.reuse.shared_working_set_tokens * multi.sizing.kv_bytes_per_token / 1e9
+    assert tier.size_gb == pytest.approx(1.2 * working_set_gb, abs=0.05)
+    # Host DRAM (55 GB/s) reads faster than one 200 GbE link (21 GB/s): the tier pays here.
+    assert tier.throughput_gain_pct > 5
+    assert advise(multi).settings["cpu_tier_gb"] == tier.size_gb
+
+
 def test_simulated_break_even_and_flip_agree_with_closed_form() -> None:
     """The closed form prices reading a prefix against recomputing it, which is the baseline's
     lot when every prefix misses: cyclic order (LRU evicts each prefix before its next use).

@@ -249,3 +249,87 @@ def test_service_log_warnings_fail_offload_hosts() -> None:
     assert findings_for(doc, "GDS-066")[0][0] == "SKIP"
     doc = edited(vllm_journal=command(["journalctl"], "", exit_code=127))
     assert findings_for(doc, "GDS-066")[0][0] == "SKIP"
+
+
+def _resolved(doc: dict[str, Any], paths: dict[str, str]) -> None:
+    doc["items"]["gds_dir"]["data"]["resolved_paths"] = paths
+
+
+def test_symlinks_are_resolved_before_matching_a_mount() -> None:
+    """`gds_path: /kv` is a link to the NFS/RDMA directory: judged where the I/O goes."""
+    doc = healthy()
+    doc["items"]["lmcache_config"]["stdout"] = LMCACHE_YAML.replace("/mnt/lmcache", "/kv")
+    doc["items"]["mounts"]["stdout"] += "/dev/sda3 / xfs rw 0 0\n"
+    assert findings_for(doc, "GDS-060")[0][0] == "FAIL"  # unresolved: on / (xfs)
+    _resolved(doc, {"/mnt/lmcache": "/mnt/lmcache", "/kv": "/mnt/lmcache"})
+    [(severity, message)] = findings_for(doc, "GDS-060")
+    assert severity == "PASS" and "/kv (→ /mnt/lmcache)" in message
+
+
+def test_a_link_from_overlay_turns_gds_off_in_lmcache() -> None:
+    doc = healthy()
+    doc["items"]["lmcache_config"]["stdout"] = LMCACHE_YAML.replace("/mnt/lmcache", "/kv")
+    doc["items"]["mounts"]["stdout"] += "overlay / overlay rw 0 0\n"
+    _resolved(doc, {"/mnt/lmcache": "/mnt/lmcache", "/kv": "/mnt/lmcache"})
+    [(severity, message)] = findings_for(doc, "GDS-060")
+    assert severity == "FAIL" and "turns GDS off" in message
+    doc["items"]["lmcache_config"]["stdout"] += "use_gds: true\n"
+    assert findings_for(doc, "GDS-060")[0][0] == "PASS"
+
+
+def test_declared_gds_dir_must_be_where_lmcache_writes() -> None:
+    doc = healthy()
+    doc["settings"]["gds_dir"] = "/data/kv"
+    doc["items"]["mounts"]["stdout"] += "/dev/sda3 / xfs rw 0 0\n"
+    _resolved(doc, {"/data/kv": "/data/kv", "/mnt/lmcache": "/mnt/lmcache"})
+    assert [s for s, _ in findings_for(doc, "GDS-060")] == ["PASS", "WARN"]
+    _resolved(doc, {"/data/kv": "/mnt/lmcache", "/mnt/lmcache": "/mnt/lmcache"})
+    assert [s for s, _ in findings_for(doc, "GDS-060")] == ["PASS"]
+
+
+def test_read_only_mount_makes_the_gds_dir_unusable() -> None:
+    doc = healthy()
+    mounts = doc["items"]["mounts"]  # the recorded `mount` line of the ONTAP export
+    mounts["stdout"] = mounts["stdout"].replace("(rw,relatime,", "(ro,relatime,")
+    [(severity, message)] = findings_for(doc, "GDS-080")
+    assert severity == "FAIL" and "read-only" in message
+
+
+def _no_connector_in_argv(doc: dict[str, Any]) -> None:
+    doc["items"]["vllm_process"]["data"]["argv"] = ["/bin/bash", "/opt/run-vllm.sh"]
+    doc["items"]["vllm_unit"]["stdout"] = "[Service]\nExecStart=/bin/bash /opt/run-vllm.sh\n"
+
+
+def test_connector_found_in_config_file_wrapper_and_container_child() -> None:
+    doc = healthy()
+    _no_connector_in_argv(doc)
+    assert findings_for(doc, "GDS-072")[0][0] == "FAIL"
+    kv = json.loads(KV_TRANSFER)
+    config = f"model: m\nkv-transfer-config: '{json.dumps(kv)}'\n"
+    doc["items"]["vllm_config_file"] = file_item("/etc/vllm/serve.yaml", config)
+    [(severity, message)] = findings_for(doc, "GDS-072")
+    assert severity == "PASS" and "from --config file" in message
+    doc = healthy()
+    _no_connector_in_argv(doc)
+    script = (
+        f"#!/bin/bash\nexec /opt/vllm/bin/vllm serve m \\\n  --kv-transfer-config '{KV_TRANSFER}'\n"
+    )
+    doc["items"]["vllm_wrapper"] = file_item("/opt/run-vllm.sh", script)
+    assert "from wrapper script" in findings_for(doc, "GDS-072")[0][1]
+    doc = healthy()
+    data = doc["items"]["vllm_process"]["data"]
+    data["argv"] = ["/usr/bin/conmon", "--cid", "abc"]
+    data["serving_argv"] = ["python3", "-m", "vllm.entrypoints.openai.api_server",
+                            "--kv-transfer-config", KV_TRANSFER]  # fmt: skip
+    assert "from serving process" in findings_for(doc, "GDS-072")[0][1]
+
+
+def test_dynamic_lmcache_connector_counts() -> None:
+    dynamic = {
+        "kv_connector": "LMCacheConnectorV1Dynamic",
+        "kv_connector_module_path": "lmcache.integration.vllm.lmcache_connector_v1",
+        "kv_role": "kv_both",
+    }
+    doc = healthy()
+    doc["items"]["vllm_process"]["data"]["argv"][-1] = json.dumps(dynamic)
+    assert findings_for(doc, "GDS-072")[0][0] == "PASS"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvops.lab.aptrepo import SpecError, parse_spec, substitute, upstream_version
+from kvops.lab.aptrepo import PackageSpecError, parse_spec, substitute, upstream_version
 from kvops.lab.lab import spec_sources
 
 SPEC = Path(__file__).resolve().parents[1] / "lab" / "packages.yml"
@@ -84,14 +84,14 @@ def _broken(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 def test_malformed_entries_are_refused_with_the_package_named(
     doc: dict[str, Any], field: str, value: Any, message: str
 ) -> None:
-    with pytest.raises(SpecError, match=message):
+    with pytest.raises(PackageSpecError, match=message):
         parse_spec(_broken(doc, field, value))
 
 
 def test_duplicate_packages_are_refused(doc: dict[str, Any]) -> None:
     bad = copy.deepcopy(doc)
     bad["packages"].append(copy.deepcopy(bad["packages"][0]))
-    with pytest.raises(SpecError, match="listed twice"):
+    with pytest.raises(PackageSpecError, match="listed twice"):
         parse_spec(bad)
 
 

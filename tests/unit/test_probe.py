@@ -68,6 +68,8 @@ def test_document_shape_follows_the_evidence_schema(host: dict[str, Any]) -> Non
         assert item["kind"] in ev.KINDS, item_id
         assert "source" in item and "duration_s" in item, item_id
     expected = set(ev.ITEM_IDS) - {
+        ev.VLLM_CONFIG_FILE,
+        ev.VLLM_WRAPPER,
         ev.BENCH_DIR,
         ev.GDSIO_WRITE,
         ev.GDSIO_READ,
@@ -169,7 +171,8 @@ def test_command_timeout_kills_the_tool_and_its_children(tmp_path: Path) -> None
 def test_deadline_skips_remaining_items_instead_of_hanging(host: dict[str, Any]) -> None:
     host["deadline_s"] = 0.1
     items = collect(host)["items"]
-    assert set(ev.ITEM_IDS) - {ev.BENCH_DIR, ev.GDSIO_WRITE, ev.GDSIO_READ} <= set(items) | {
+    optional = {ev.VLLM_CONFIG_FILE, ev.VLLM_WRAPPER, ev.BENCH_DIR, ev.GDSIO_WRITE, ev.GDSIO_READ}
+    assert set(ev.ITEM_IDS) - optional <= set(items) | {
         ev.NVFS_STATS_BEFORE_BENCH,
         ev.NVFS_STATS_AFTER_BENCH,
     }

@@ -6,12 +6,14 @@ Tools here are test doubles written into tmp_path (shell scripts that report wha
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import pwd
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -234,3 +236,68 @@ def test_saving_does_not_follow_a_planted_link(tmp_path: Path) -> None:
 
 def test_nobody_exists_for_the_user_switch_tests() -> None:
     assert pwd.getpwnam("nobody").pw_uid != 0
+
+
+def test_gds_dir_and_lmcache_gds_paths_are_resolved_in_the_child(tmp_path: Path) -> None:
+    real = tmp_path / "nfs" / "kv"
+    real.mkdir(parents=True)
+    link = tmp_path / "kv"
+    link.symlink_to(real)
+    probe = Probe({})
+    probe.items["lmcache_config"] = {"stdout": f"chunk_size: 256\ngds_path: '{link}'  # link\n"}
+    storage.gds_dir(probe, str(link), None, {"LMCACHE_GDS_PATH": f"{link},relative"})
+    resolved = probe.items[ev.GDS_DIR]["data"]["resolved_paths"]
+    assert resolved == {str(link): str(real)}
+
+
+def test_launch_files_are_read_as_text_never_run(tmp_path: Path) -> None:
+    from kvops.probe.service import collect_launch_files
+
+    marker = tmp_path / "ran"
+    script = tmp_path / "run-vllm.sh"
+    script.write_text(f"#!/bin/sh\ntouch {marker}\nexec vllm serve m --api-key sk-1\n")
+    script.chmod(0o755)
+    config = tmp_path / "serve.yaml"
+    config.write_text("api-key: sk-2\nkv-transfer-config: '{}'\n")
+    probe = Probe({})
+    collect_launch_files(probe, [["/bin/bash", str(script)], ["vllm", "--config", str(config)]], 0)
+    assert "sk-1" not in probe.items[ev.VLLM_WRAPPER]["stdout"]
+    assert "kv-transfer-config" in probe.items[ev.VLLM_CONFIG_FILE]["stdout"]
+    assert "sk-2" not in probe.items[ev.VLLM_CONFIG_FILE]["stdout"]
+    assert not marker.exists()
+
+
+class _AuthHandler(http.server.BaseHTTPRequestHandler):
+    """Answers like vLLM started with --api-key: /v1/* only with the bearer token."""
+
+    def do_GET(self) -> None:
+        ok = not self.path.startswith("/v1/") or (
+            self.headers.get("Authorization") == "Bearer tok-123"
+        )
+        self.send_response(200 if ok else 401)
+        self.end_headers()
+        self.wfile.write(b'{"data": []}' if ok else b'{"error": "Unauthorized"}')
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_vllm_behind_api_key_gets_the_token_which_is_never_recorded() -> None:
+    from kvops.inventory import InventoryHost, probe_options, probe_settings
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AuthHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        host = InventoryHost("gpu-1", vars={"kvops_vllm_url": url, "kvops_vllm_api_key": "tok-123"})
+        options = probe_options(host)
+        assert options["http_bearer_token"] == "tok-123"
+        config = {**options, "settings": probe_settings(host), "deadline_s": 30}
+        doc = collect(config)
+        assert doc["items"][ev.HTTP_MODELS]["http_status"] == 200
+        assert "tok-123" not in json.dumps(doc)
+        del config["http_bearer_token"]
+        assert collect(config)["items"][ev.HTTP_MODELS]["http_status"] == 401
+    finally:
+        server.shutdown()

@@ -18,7 +18,7 @@ from old_pythons import older_than_floor_python
 from recorded_host_double import HANGING_PYTHON_DOUBLE, TOOLS_DOUBLE_DIR, build_recorded_tree
 
 from kvops import evidence as ev
-from kvops.hosts import OK, PROBE_FAILED, TIMEOUT, probe_config, probe_fleet
+from kvops.hosts import HostStatus, probe_config, probe_fleet
 from kvops.inventory import InventoryHost, probe_options, probe_settings
 from kvops.ssh import SshOptions, _become_handshake, remote_command
 
@@ -67,11 +67,11 @@ def test_hung_host_times_out_while_the_others_complete(tmp_path: Path) -> None:
     assert time.monotonic() - start < 12
     assert [r.host for r in results] == ["a", "hung", "b", "nopython"]  # inventory order
     by = {r.host: r for r in results}
-    assert by["a"].status == OK and by["b"].status == OK
+    assert by["a"].status == HostStatus.OK and by["b"].status == HostStatus.OK
     assert by["a"].evidence["error"] is None and ev.MOUNTS in by["a"].evidence["items"]
-    assert by["hung"].status == TIMEOUT and "within 4 s" in str(by["hung"].reason)
+    assert by["hung"].status == HostStatus.TIMEOUT and "within 4 s" in str(by["hung"].reason)
     assert by["hung"].evidence["error"] and by["hung"].evidence["items"] == {}
-    assert by["nopython"].status == PROBE_FAILED
+    assert by["nopython"].status == HostStatus.PROBE_FAILED
 
 
 def test_probe_budget_sits_under_the_host_timeout() -> None:
@@ -169,5 +169,5 @@ def test_too_old_python_is_a_clear_probe_failure(tmp_path: Path) -> None:
     """A real Python 3.7/3.6 where one is installed; else the double that reports 3.7.16."""
     old = older_than_floor_python() or OLD_PYTHON_DOUBLE
     (res,) = run([local_host("old", tmp_path, ansible_python_interpreter=str(old))], 30)
-    assert res.status == PROBE_FAILED
+    assert res.status == HostStatus.PROBE_FAILED
     assert re.search(r"needs Python >= 3\.8 on the host, found 3\.[67]\.\d+", str(res.reason))

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.model import EngineSettings, Request, build_engine
 from kvops.sim.profiles import load_storage
-from kvops.sim.records import RequestRecord
+from kvops.sim.records import SimRequestRecord
 
 workloads = st.fixed_dictionaries(
     {
@@ -46,7 +46,7 @@ def offload_settings(**kw: object) -> EngineSettings:
     return EngineSettings(offload=True, lmcache=lm, **kw)  # type: ignore[arg-type]
 
 
-def gpu_hit_rate(records: list[RequestRecord]) -> float:
+def gpu_hit_rate(records: list[SimRequestRecord]) -> float:
     return sum(r.gpu_hit_tokens for r in records) / sum(r.prompt_tokens for r in records)
 
 

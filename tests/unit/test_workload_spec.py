@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from kvops.workload import PRESET_NAMES, SpecError, load_preset, load_spec_file, spec_from_dict
+from kvops.workload import (
+    PRESET_NAMES,
+    WorkloadSpecError,
+    load_preset,
+    load_spec_file,
+    spec_from_dict,
+)
 
 
 def test_presets_load_and_match_the_reference_experiment() -> None:
@@ -20,7 +26,7 @@ def test_presets_load_and_match_the_reference_experiment() -> None:
 
 
 def test_unknown_key_is_an_error_naming_it() -> None:
-    with pytest.raises(SpecError, match="prefix_token"):
+    with pytest.raises(WorkloadSpecError, match="prefix_token"):
         spec_from_dict({"prefix_token": 28000})
 
 
@@ -37,7 +43,7 @@ def test_unknown_key_is_an_error_naming_it() -> None:
     ],
 )
 def test_bad_values_are_errors(data: dict[str, object], fragment: str) -> None:
-    with pytest.raises(SpecError, match=fragment):
+    with pytest.raises(WorkloadSpecError, match=fragment):
         spec_from_dict(data)
 
 
@@ -54,7 +60,7 @@ def test_scale_shrinks_lengths_not_counts() -> None:
     assert (spec.num_prefixes, spec.batch_size) == (20, 40)
     tiny = load_preset("multi-shared-prefix").scaled(1e-5)
     assert tiny.prompt_tokens > tiny.prefix_tokens >= 1 and tiny.output_tokens >= 2
-    with pytest.raises(SpecError):
+    with pytest.raises(WorkloadSpecError):
         load_preset("unique-one-shot").scaled(1.5)
 
 
@@ -64,9 +70,9 @@ def test_spec_file_round_trip(tmp_path: Path) -> None:
     path.write_text(spec.to_yaml())
     assert load_spec_file(path) == spec
     path.write_text("num_prefixes: [1\n")
-    with pytest.raises(SpecError, match="not valid YAML"):
+    with pytest.raises(WorkloadSpecError, match="not valid YAML"):
         load_spec_file(path)
-    with pytest.raises(SpecError, match="cannot read"):
+    with pytest.raises(WorkloadSpecError, match="cannot read"):
         load_spec_file(tmp_path / "missing.yaml")
 
 
@@ -77,5 +83,5 @@ def test_file_without_name_is_custom(tmp_path: Path) -> None:
 
 
 def test_unknown_preset() -> None:
-    with pytest.raises(SpecError, match="unknown scenario"):
+    with pytest.raises(WorkloadSpecError, match="unknown scenario"):
         load_preset("nope")

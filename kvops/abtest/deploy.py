@@ -1,0 +1,194 @@
+"""`kvops ab-test --deploy`: before each segment, put the arm's variant on the host with
+playbooks/deploy.yml (GDS directory cleared), so the reference procedure - baseline, stop,
+offload, same workload - is one command.
+
+Ansible is driven through ansible-runner (the library AWX uses,
+https://ansible.readthedocs.io/projects/runner/en/stable/python_interface/): its events stream to
+the progress display, and every deploy's outcome, the variant, and what the role reports as
+deployed (packages or image, LMCache config, connector, command line) go to ``deploys.jsonl`` in
+the run directory. A failed play stops the run with the play's own error (exit 2); the records
+measured so far stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvops.abtest.arms import Arm
+from kvops.errors import KvopsError
+
+# What an arm name means as a variant of the vllm_lmcache role (an arm may also be named after
+# the variant directly: offload_cpu_gds).
+VARIANTS = ("baseline", "offload", "offload_cpu_gds")
+DEPLOYED_FACT = "vllm_lmcache_deployed"
+MAX_ERROR_CHARS = 2000
+
+
+class DeployError(KvopsError):
+    """The deploy of an arm failed (or could not run): the play's error, exit 2."""
+
+
+@dataclass(frozen=True)
+class DeploySettings:
+    project_root: Path  # holds playbooks/deploy.yml, roles/ and ansible.cfg
+    inventories: list[str]
+    limit: str
+    extra_vars: dict[str, Any] = field(default_factory=dict)
+    clear_gds_dir: bool = True
+
+    @property
+    def playbook(self) -> Path:
+        return self.project_root / "playbooks" / "deploy.yml"
+
+
+def variant_of(arm_name: str) -> str:
+    """The role variant an arm deploys: its name, which must be one of VARIANTS."""
+    if arm_name not in VARIANTS:
+        raise DeployError(
+            f"arm {arm_name!r} names no deploy variant: with --deploy, arms are named "
+            f"{', '.join(VARIANTS)}"
+        )
+    return arm_name
+
+
+@dataclass
+class _PlayWatch:
+    """Collects, from ansible-runner's events, what the run record and the error need."""
+
+    progress: Callable[[str], None]
+    label: str
+    failures: list[str] = field(default_factory=list)
+    deployed: dict[str, Any] = field(default_factory=dict)
+    changed: int = 0
+
+    def __call__(self, event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        if kind == "playbook_on_task_start":
+            self.progress(f"{self.label}: {data.get('task', '')}")
+        elif kind in ("runner_on_failed", "runner_on_unreachable") and not data.get(
+            "ignore_errors"
+        ):
+            res = data.get("res") or {}
+            msg = res.get("msg") or res.get("stderr") or json.dumps(res)[:500]
+            self.failures.append(f"{data.get('host', '?')}: {data.get('task', '')}: {msg}")
+        elif kind == "runner_on_ok":
+            res = data.get("res") or {}
+            self.changed += 1 if res.get("changed") else 0
+            facts = res.get("ansible_facts") or {}
+            if DEPLOYED_FACT in facts:
+                self.deployed[str(data.get("host", "?"))] = facts[DEPLOYED_FACT]
+        return True
+
+
+class ArmDeployer:
+    """Deploys an arm's variant on the host(s) of ``settings.limit``; writes deploys.jsonl."""
+
+    def __init__(
+        self, settings: DeploySettings, run_dir: Path, progress: Callable[[str], None]
+    ) -> None:
+        self.settings = settings
+        self.log_path = run_dir / "deploys.jsonl"
+        self.progress = progress
+
+    def deploy(self, arm: Arm) -> dict[str, Any]:
+        """Run deploy.yml for ``arm``; returns the record; raises DeployError when it fails."""
+        import ansible_runner  # heavy import: only --deploy needs it
+
+        variant = variant_of(arm.name)
+        cfg = self.settings
+        extra = {
+            **cfg.extra_vars,
+            "vllm_lmcache_variant": variant,
+            "vllm_lmcache_clear_gds_dir": cfg.clear_gds_dir,
+        }
+        watch = _PlayWatch(self.progress, f"deploy {variant} on {cfg.limit}")
+        started = time.monotonic()
+        record: dict[str, Any] = {
+            "arm": arm.name,
+            "variant": variant,
+            "limit": cfg.limit,
+            "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "clear_gds_dir": cfg.clear_gds_dir,
+        }
+        with tempfile.TemporaryDirectory(prefix="kvops-deploy-") as private:
+            try:
+                result = ansible_runner.run(
+                    private_data_dir=private,
+                    project_dir=str(cfg.project_root),
+                    playbook=str(cfg.playbook),
+                    inventory=list(cfg.inventories),
+                    limit=cfg.limit,
+                    extravars=extra,
+                    envvars={"ANSIBLE_CONFIG": str(cfg.project_root / "ansible.cfg")},
+                    event_handler=watch,
+                    quiet=True,
+                )
+                status, rc = str(result.status), result.rc
+            except Exception as exc:  # ansible-runner raises for a missing binary or bad input
+                status, rc = "error", None
+                watch.failures.append(f"ansible-runner could not run: {exc}")
+        record.update(
+            status=status,
+            rc=rc,
+            duration_s=round(time.monotonic() - started, 1),
+            changed_tasks=watch.changed,
+            deployed=watch.deployed,
+            errors=[f[:MAX_ERROR_CHARS] for f in watch.failures],
+        )
+        with self.log_path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if status != "successful":
+            why = watch.failures[0][:MAX_ERROR_CHARS] if watch.failures else f"status {status}"
+            raise DeployError(
+                f"deploy of arm {arm.name} (variant {variant}) on {cfg.limit} failed: {why} "
+                f"(record: {self.log_path})"
+            )
+        return record
+
+    async def __call__(self, arm: Arm) -> None:
+        """The experiment's prepare-arm hook: deploy without blocking the event loop."""
+        await asyncio.to_thread(self.deploy, arm)
+
+
+def deploy_arms(settings: DeploySettings, names: list[str], model: str | None) -> list[Arm]:
+    """Arms named after variants, all served by the one inventory host ``settings.limit`` at
+    its role's port (``vllm_lmcache_port``, default 8000)."""
+    from kvops.inventory import InventoryError, load_inventory
+
+    for name in names:
+        variant_of(name)
+    if len(names) < 2 or len(set(names)) != len(names):
+        raise DeployError(f"--deploy needs two or more different variants, got {names}")
+    try:
+        hosts = load_inventory(settings.inventories, limit=settings.limit)
+    except InventoryError as exc:
+        raise DeployError(str(exc)) from exc
+    if len(hosts) != 1:
+        found = ", ".join(h.name for h in hosts) or "none"
+        raise DeployError(f"--limit must select exactly one host for --deploy (selects: {found})")
+    host = hosts[0]
+    port = int(
+        settings.extra_vars.get("vllm_lmcache_port") or host.vars.get("vllm_lmcache_port") or 8000
+    )
+    return [Arm(name, f"http://{host.address}:{port}", model) for name in names]
+
+
+def deploy_record(settings: DeploySettings) -> dict[str, Any]:
+    """The settings as run.json keeps them (for --resume); extra vars are the operator's own
+    command-line values, never vault secrets (those stay in the inventory)."""
+    return {
+        "project_root": str(settings.project_root),
+        "inventories": list(settings.inventories),
+        "limit": settings.limit,
+        "extra_vars": dict(settings.extra_vars),
+        "clear_gds_dir": settings.clear_gds_dir,
+    }

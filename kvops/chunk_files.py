@@ -1,0 +1,72 @@
+"""Chunk files of a KV offload directory: which exist, and whether LMCache's header is sound.
+
+One implementation for both sides of `kvops smoke`: imported locally when the operator's machine
+mounts the GDS directory, and shipped as source over SSH (`kvops.smoke_remote`) when only the
+GPU host does. Hence stdlib only and Python >= 3.8 syntax, like the probe.
+
+LMCache's GDS backend writes ``*.kvcache.safetensors``: a 4096-byte header (``<Q`` length + JSON)
+followed by the KV bytes, ``data_offsets[1]`` of the header being their length
+(lmcache/v1/storage_backend/gds_backend.py). Other ``*.safetensors`` are a connector's files (vLLM's
+ExampleConnector). ``*.tmp*`` files are writes in flight and are not counted.
+"""
+
+import json
+import os
+import struct
+import sys
+from typing import Any
+
+LMCACHE_SUFFIX = ".kvcache.safetensors"
+LMCACHE_HEADER_BYTES = 4096
+
+
+def list_paths(root: str) -> list[str]:
+    """Every finished ``*.safetensors`` under root; empty when root is not a directory."""
+    found: list[str] = []
+    if not os.path.isdir(root):
+        return found
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            if name.endswith(".safetensors") and ".tmp" not in name:
+                found.append(os.path.join(dirpath, name))
+    return sorted(found)
+
+
+def _lmcache_header_ok(path: str, size: int) -> bool:
+    if size < LMCACHE_HEADER_BYTES:
+        return False
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(LMCACHE_HEADER_BYTES)
+        (length,) = struct.unpack("<Q", head[:8])
+        header = json.loads(head[8 : 8 + length])
+        end = int(next(iter(header.values()))["data_offsets"][1])
+    except (OSError, ValueError, KeyError, IndexError, StopIteration, TypeError, struct.error):
+        return False
+    return size - LMCACHE_HEADER_BYTES == end
+
+
+def describe(path: str) -> dict[str, Any]:
+    """{"path", "size_bytes", "layout" (lmcache | connector), "header_ok" (None: not checked)}."""
+    layout = "lmcache" if path.endswith(LMCACHE_SUFFIX) else "connector"
+    header_ok: bool | None = None
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = 0
+    else:
+        if layout == "lmcache":
+            header_ok = _lmcache_header_ok(path, size)
+    return {"path": path, "size_bytes": size, "layout": layout, "header_ok": header_ok}
+
+
+def answer(request: dict[str, Any]) -> dict[str, Any]:
+    """The remote entry: {"op": "list", "root": R} or {"op": "describe", "paths": [...]}."""
+    if request.get("op") == "describe":
+        return {"files": [describe(str(p)) for p in request.get("paths") or []]}
+    root = str(request.get("root") or "")
+    return {"root": root, "is_dir": os.path.isdir(root), "paths": list_paths(root)}
+
+
+def main(request_json: str) -> None:
+    sys.stdout.write(json.dumps(answer(json.loads(request_json))) + "\n")

@@ -1,0 +1,43 @@
+"""A/A: one simulated engine against itself must read "no significant difference" on every
+metric (DESIGN: "An A/A run must read no significant difference"). Both arms are the same
+server; `/reset_prefix_cache` gives every segment the same cold GPU cache."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_smoke_sim import sim_server
+
+WORKLOAD = """\
+name: aa
+num_prefixes: 4
+prefix_tokens: 1024
+prompt_tokens: 1280
+output_tokens: 8
+batch_size: 8
+iterations: 3
+"""
+
+
+@pytest.mark.timeout(600)
+def test_one_engine_against_itself_shows_no_difference(tmp_path: Path) -> None:
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD)
+    out = tmp_path / "run"
+    with sim_server(None, tmp_path / "sim.log", "--time-scale", "0.2") as url:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvops", "ab-test", "--arm", f"a={url}", "--arm", f"b={url}",
+             "--workload", str(workload), "--trials", "4", "--out", str(out)],
+            capture_output=True, text=True, timeout=500,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    comparisons = doc["scenarios"]["aa"]["comparisons"]
+    assert len(comparisons) == 8
+    verdicts = {c["metric"]: c["verdict"] for c in comparisons}
+    assert set(verdicts.values()) == {"no significant difference"}, verdicts
+    assert all(c["resample_unit"] == "paired trials (4)" for c in comparisons)

@@ -1,0 +1,56 @@
+"""`kvops sim sweep`: one parameter through both arms, the flip point and the break-even."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kvops.cli.sim import sim
+from kvops.sim.seed_workloads import Summary
+from kvops.sim.sweep import SweepError, SweepPoint, find_flip, parse_sweep
+
+pytestmark = pytest.mark.unit
+
+
+def test_parse_sweep_sorts_and_refuses_what_cannot_run() -> None:
+    assert parse_sweep("read_bandwidth_gb_s=8,2,4") == ("read_bandwidth_gb_s", [2.0, 4.0, 8.0])
+    assert parse_sweep("num-prefixes=1,20")[0] == "num_prefixes"
+    for bad in ("bogus=1,2", "num_prefixes=1", "num_prefixes=1.5,2", "output_tokens=a,b", "x"):
+        with pytest.raises(SweepError):
+            parse_sweep(bad)
+
+
+def _point(value: float, base: float, off: float) -> SweepPoint:
+    def s(tput: float) -> Summary:
+        return Summary(1.0, tput, 100.0, 0, 0, 10.0)
+
+    return SweepPoint(value, s(base), s(off), 3.0)
+
+
+def test_flip_is_interpolated_where_the_delta_changes_sign() -> None:
+    points = [_point(1, 100, 50), _point(2, 100, 90), _point(4, 100, 130)]
+    flip = find_flip(points)
+    assert flip is not None and (flip.low, flip.high) == (2, 4) and flip.helps_above
+    assert flip.at == pytest.approx(2 + 2 * 10 / 40)
+    assert find_flip([_point(1, 100, 120), _point(2, 100, 150)]) is None
+
+
+def test_cli_sweep_of_read_bandwidth_finds_the_flip_near_the_break_even() -> None:
+    # 20 x 28K-token prefixes overflow the H100's KV cache; a short run of them
+    shape = ["--batch-size", "20", "--iterations", "2", "--output-tokens", "8"]
+    result = CliRunner().invoke(
+        sim, ["sweep", "read_bandwidth_gb_s=0.5,2,8,32,128", *shape, "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    deltas = [p["total_token_throughput_tok_s_delta_pct"] for p in doc["points"]]
+    assert deltas == sorted(deltas)  # faster reads never make offload worse
+    assert doc["flip"] is not None and doc["flip"]["helps_above"]
+    break_even = doc["points"][0]["break_even_read_gb_s"]
+    assert doc["flip"]["low"] <= break_even * 2 and doc["flip"]["high"] >= break_even / 2
+    text = CliRunner().invoke(sim, ["sweep", "read_bandwidth_gb_s=0.5,128", *shape])
+    assert "flips from hurting to helping" in text.output and "break-even" in text.output
+    bad = CliRunner().invoke(sim, ["sweep", "speed=1,2"])
+    assert bad.exit_code == 2 and "PARAM" in bad.output
