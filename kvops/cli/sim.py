@@ -220,6 +220,9 @@ _SHAPE_OPTIONS = [
                  default="shuffled", show_default=True,
                  help="Send order within an iteration (as kvops ab-test)."),
     click.option("--seed", default=0, show_default=True, type=int),
+    click.option("--cpu-tier-gb", default=0.0, show_default=True, type=click.FloatRange(0),
+                 help="Offload arm: an LMCache CPU DRAM tier of this size in front of GDS "
+                      "(local_cpu + max_local_cpu_size; read first, written through)."),
 ]  # fmt: skip
 
 
@@ -250,10 +253,18 @@ def _shape(opts: dict[str, Any]) -> SeedShape:
 
 
 def _arm_settings(opts: dict[str, Any]) -> Callable[[bool], EngineSettings]:
-    """Engine settings per arm: offload with an LMCache GDS tier (8 GiB buffer, no CPU tier)."""
+    """Engine settings per arm: offload with an LMCache GDS tier (8 GiB buffer), behind a CPU
+    DRAM tier of --cpu-tier-gb when given (LMCache reads the fastest tier holding a chunk and
+    writes every chunk to every tier)."""
+    cpu_gb = float(opts["cpu_tier_gb"])
 
     def settings(offload: bool) -> EngineSettings:
-        lm = LMCacheSettings(local_cpu=False, gds_path="(virtual)", gds_buffer_size=8192)
+        lm = LMCacheSettings(
+            local_cpu=cpu_gb > 0,
+            max_local_cpu_size=cpu_gb,
+            gds_path="(virtual)",
+            gds_buffer_size=8192,
+        )
         return EngineSettings(
             offload=offload, lmcache=lm, tensor_parallel_size=opts["tensor_parallel_size"]
         )
