@@ -263,3 +263,48 @@ def test_a_stack_change_rebuilds_nvidia_fs_and_the_gate_reboots(
         assert "nvidia_fs: Mellanox PeerDirect Supported: True" in proc.stdout
     finally:
         _apt(guard, "purge", *_GDS_ALL, *_DOCA_ALL)
+
+
+def test_nvidia_driver_refuses_unsigned_dkms_modules_under_secure_boot(
+    guard: LabHosts, tmp_path: Path
+) -> None:
+    _apt(guard, "install", "mokutil")
+    guard.write_file(HOST, "/etc/kvops-test-doubles/secure-boot", "enabled\n")
+    try:
+        proc = run_role(guard, tmp_path, "nvidia_driver", limit=HOST)
+        assert proc.returncode != 0, explain(proc)
+        msg = failure_messages(proc)
+        assert "Secure Boot is enabled" in msg
+        assert "linux-modules-nvidia-580-open-generic" in msg  # the signed precompiled path
+        assert "nvidia_driver_secure_boot_mok_enrolled" in msg  # the MOK path
+        assert not _installed(guard, "nvidia-driver-580-open")
+    finally:
+        guard.ssh(HOST, ["rm", "-f", "/etc/kvops-test-doubles/secure-boot"], sudo=True)
+        _apt(guard, "purge", "mokutil")
+
+
+def test_the_distro_rdma_core_is_an_explicit_non_gds_choice(
+    guard: LabHosts, tmp_path: Path
+) -> None:
+    """rdma_client_stack rdma-core: NFS over RDMA works (rpcrdma loads), the role says GDS is
+    not available, and nvidia_fs with nvidia_fs_require_peerdirect false reports PeerDirect
+    False instead of failing (with the default true it refuses: see above)."""
+    _apt(guard, "install", "nvidia-driver-580-open")
+    non_gds = {
+        "rdma_client_stack": "rdma-core",
+        "rdma_client_version": "44.0-2",
+        "nvidia_fs_require_peerdirect": False,
+    }
+    try:
+        proc = run_role(
+            guard, tmp_path, "rdma_client", limit=HOST, extra_vars=non_gds, then=("nvidia_fs",)
+        )
+        assert proc.returncode == 0, explain(proc)
+        assert "GPUDirect Storage needs the OFED kernel stack (doca-ofed)" in proc.stdout
+        assert "nvidia_fs: Mellanox PeerDirect Supported: False" in proc.stdout
+        assert "rpcrdma" in _loaded(guard)
+        version = guard.ssh(HOST, ["dpkg-query", "-W", "-f=${Version}", "rdma-core"]).stdout
+        assert version == "44.0-2"
+    finally:
+        _apt(guard, "purge", *_GDS_ALL, "rdma-core", "ibverbs-utils")
+        guard.ssh(HOST, ["rm", "-f", "/etc/modules-load.d/rpcrdma.conf"], sudo=True)

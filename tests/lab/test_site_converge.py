@@ -93,3 +93,16 @@ def test_after_a_reboot_modules_and_mount_come_back_from_the_boot_files(lab: Lab
         "nfs_rdma_mount : Nfs_rdma_mount | Create the GDS directory for the service user",
     }, explain(proc)
     assert lab.testinfra(name).file(f"{MOUNT_PATH}/gds").user == "vllm"
+
+
+def test_doca_over_the_coldplugged_in_box_modules_rebuilt_the_initramfs_then_rebooted(
+    lab: LabHosts,
+) -> None:
+    """DOCA-OFED replaced the in-box ib_core/mlx5 loaded at boot, so the initramfs was rebuilt
+    (the handler) and the kernel gate rebooted (the lab's reboot double, opt-in in the lab vars)
+    before rpcrdma and nvidia_fs were loaded."""
+    proc = converged(lab)
+    assert "rdma_client: DOCA-OFED changed while the in-box RDMA modules were loaded" in proc.stdout
+    for name in converge_hosts(lab):
+        assert lab.doubles_log(name, "update-initramfs") == ["-u -k all"]
+        assert len(lab.doubles_log(name, "reboot")) == 1

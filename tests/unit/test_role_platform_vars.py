@@ -5,6 +5,7 @@ only on a customer's first RHEL run."""
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 from typing import Any
@@ -59,13 +60,14 @@ def _trusted(value: Any) -> Any:
     return value
 
 
-def _os_vars_file(role: str, facts: dict[str, str]) -> Path:
-    """What the role's first_found picks: distribution, then OS family."""
+def _os_vars_files(role: str, facts: dict[str, str]) -> list[Path]:
+    """What the role's first_found picks: distribution, then OS family (none for a role
+    without per-OS variables)."""
     for name in (facts["distribution"], facts["os_family"]):
         path = ROLES / role / "vars" / f"{name}.yml"
         if path.is_file():
-            return path
-    raise AssertionError(f"{role}: no vars file for {facts}")
+            return [path]
+    return []
 
 
 def _render(
@@ -76,7 +78,7 @@ def _render(
     for path in (
         ROLES / role / "defaults" / "main.yml",
         ROLES / role / "vars" / "main.yml",
-        _os_vars_file(role, facts),
+        *_os_vars_files(role, facts),
     ):
         variables.update(_trusted(yaml.safe_load(path.read_text())))
     variables.update(role_vars, ansible_facts=facts)
@@ -257,3 +259,80 @@ def test_the_proprietary_package_pattern(package: str, proprietary: bool) -> Non
         "nvidia_driver", "ubuntu-22.04-x86_64", "_nvidia_driver_proprietary_package_regex"
     )
     assert (re.match(regex.strip(), package) is not None) is proprietary
+
+
+@pytest.mark.parametrize(
+    ("platform", "build", "prerequisites"),
+    [
+        ("ubuntu-22.04-x86_64", ["linux-headers-6.8.0-45-generic"], ["python3-debian"]),
+        ("ubuntu-24.04-aarch64", ["linux-headers-6.8.0-45-generic"], ["python3-debian"]),
+        (
+            "rhel-9.4-x86_64",
+            ["kernel-devel-6.8.0-45-generic", "dkms"],
+            ["python3-dnf-plugin-versionlock", "dnf-plugins-core"],
+        ),
+    ],
+)
+def test_dkms_gets_the_running_kernels_build_files_and_the_repo_tools_are_there(
+    platform: str, build: list[str], prerequisites: list[str]
+) -> None:
+    """DKMS builds for the running kernel: its headers/kernel-devel are named explicitly (with
+    install_recommends false nothing pulls them); deb822_repository needs python3-debian, dnf
+    versionlock its plugin."""
+    running = {"kernel": "6.8.0-45-generic"}
+    got = _render(
+        "nvidia_driver", platform, "_nvidia_driver_kernel_build_packages", facts_extra=running
+    )
+    assert list(got) == build
+    assert list(_render("nvidia_driver", platform, "_nvidia_driver_repo_prerequisites")) == (
+        prerequisites
+    )
+
+
+def test_rhel_locks_the_open_driver_packages_by_name() -> None:
+    names = _render("nvidia_driver", "rhel-9.4-x86_64", "_nvidia_driver_lock_names")
+    assert "kmod-nvidia-open-dkms" in names and "nvidia-persistenced" in names
+    closed = _render(
+        "nvidia_driver", "rhel-9.4-x86_64", "_nvidia_driver_lock_names", nvidia_driver_open=False
+    )
+    assert "kmod-nvidia-latest-dkms" in closed
+
+
+@pytest.mark.parametrize(
+    ("iommu", "extra", "args"),
+    [
+        ("", [], []),
+        ("pt", [], ["iommu=pt"]),
+        (
+            "off",
+            ["pci=disable_acs_redir=pci:0:0"],
+            ["intel_iommu=off", "amd_iommu=off", "pci=disable_acs_redir=pci:0:0"],
+        ),
+    ],
+)
+def test_the_gds_kernel_arguments_are_opt_in(iommu: str, extra: list[str], args: list[str]) -> None:
+    got = _render(
+        "kernel_gate",
+        "ubuntu-22.04-x86_64",
+        "_kernel_gate_cmdline_args",
+        kernel_gate_iommu=iommu,
+        kernel_gate_cmdline_extra=extra,
+    )
+    assert list(got) == args
+
+
+def test_a_running_kernel_without_the_arguments_needs_the_gates_reboot() -> None:
+    def missing(cmdline: str) -> list[str]:
+        content = base64.b64encode(cmdline.encode()).decode()
+        return list(
+            _render(
+                "kernel_gate",
+                "rhel-9.4-x86_64",
+                "_kernel_gate_cmdline_missing",
+                kernel_gate_iommu="pt",
+                _kernel_gate_cmdline={"content": content},
+            )
+        )
+
+    assert missing("BOOT_IMAGE=/vmlinuz ro quiet\n") == ["iommu=pt"]
+    assert missing("BOOT_IMAGE=/vmlinuz ro iommu=pt quiet\n") == []
