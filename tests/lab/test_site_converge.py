@@ -102,7 +102,12 @@ def test_doca_over_the_coldplugged_in_box_modules_rebuilt_the_initramfs_then_reb
     (the handler) and the kernel gate rebooted (the lab's reboot double, opt-in in the lab vars)
     before rpcrdma and nvidia_fs were loaded."""
     proc = converged(lab)
-    assert "rdma_client: DOCA-OFED changed while the in-box RDMA modules were loaded" in proc.stdout
     for name in converge_hosts(lab):
+        changed = changed_tasks(proc, name)
+        assert (
+            "rdma_client : Rdma_client | Ask the kernel gate for a reboot when DOCA-OFED "
+            "replaced loaded modules" in changed
+        ), explain(proc)
+        assert "kernel_gate : Kernel_gate | Reboot the host for the kernel change" in changed
         assert lab.doubles_log(name, "update-initramfs") == ["-u -k all"]
         assert len(lab.doubles_log(name, "reboot")) == 1
