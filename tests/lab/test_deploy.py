@@ -302,7 +302,8 @@ def _ab_test_deploy(
     deploy_vars = {**wheel_vars, "vllm_lmcache_extra_args": AB_ENGINE_ARGS}
     for key, value in deploy_vars.items():
         argv += ["--deploy-var", f"{key}={json.dumps(value)}"]
-    argv += ["--scenario", scenario, "--scale", str(SCALE), "--out", str(out), "--json"]
+    argv += ["--scenario", scenario, "--scale", str(SCALE), "--trials", "2"]
+    argv += ["--out", str(out), "--json"]
     proc = subprocess.run(
         argv, capture_output=True, text=True, env=lab.env(), timeout=1200, cwd=lab.repo_root
     )
