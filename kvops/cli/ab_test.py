@@ -161,8 +161,9 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
 @click.option(
     "--slo",
     default=None,
-    metavar="ttft_ms=N,tpot_ms=N",
-    help="Goodput SLOs (ms; ttft_ms, tpot_ms, e2el_ms).",
+    metavar="ttft:N,tpot:N",
+    help="Goodput SLOs in ms, vllm bench serve's --goodput syntax (ttft, tpot, e2el; "
+    "ttft_ms=N also accepted): request_goodput_req_s counts requests meeting all.",
 )
 @click.option(
     "--seed",

@@ -210,13 +210,26 @@ class Probe:
             result["truncated"] = True
         return result
 
-    def file(self, item_id: str, system_path: str, record: bool = True) -> Dict[str, Any]:
-        """Read a text file (mapped through the roots); a missing file is an ENOENT error."""
+    def file(
+        self,
+        item_id: str,
+        system_path: str,
+        record: bool = True,
+        readable_by: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """Read a text file (mapped through the roots); a missing file is an ENOENT error.
+        `readable_by`: the path came from the service, read it only if that user could."""
         real = self.path(system_path)
         if record and self.out_of_time(item_id, KIND_FILE, real):
             return self.items[item_id]
         start = time.monotonic()
         item: Dict[str, Any] = {"kind": KIND_FILE, "source": real}
+        refused = user_can_read(real, readable_by) if os.path.exists(real) else None
+        if refused:
+            item.update(error=refused, duration_s=0.0)
+            if record:
+                self.items[item_id] = item
+            return item
         try:
             with open(real, "rb") as fh:
                 data = fh.read(FILE_LIMIT + 1)
@@ -279,6 +292,32 @@ class Probe:
         item["duration_s"] = round(time.monotonic() - start, 4)
         self.items[item_id] = item
         return item
+
+
+def user_can_read(path: str, user: Optional[str]) -> Optional[str]:
+    """None when `user` may read `path` by its mode bits (root: always; symlinks followed);
+    else why not. A file the service names is read only if the service could read it too,
+    so a root probe never copies e.g. /etc/shadow into evidence on the service's word."""
+    if not user:
+        return None
+    try:
+        pw = pwd.getpwnam(user)
+        st = os.stat(path)
+    except (KeyError, OSError) as exc:
+        return "cannot check read access of %s for %s: %s" % (path, user, exc)
+    if pw.pw_uid == 0:
+        return None
+    try:
+        gids = set(os.getgrouplist(user, pw.pw_gid))
+    except OSError:
+        gids = {pw.pw_gid}
+    if st.st_uid == pw.pw_uid:
+        ok = bool(st.st_mode & 0o400)
+    elif st.st_gid in gids:
+        ok = bool(st.st_mode & 0o040)
+    else:
+        ok = bool(st.st_mode & 0o004)
+    return None if ok else "%s is not readable by the service user %s: not read" % (path, user)
 
 
 def privilege_drop(user: str) -> Optional[Callable[[], None]]:

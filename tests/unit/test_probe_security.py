@@ -301,3 +301,16 @@ def test_vllm_behind_api_key_gets_the_token_which_is_never_recorded() -> None:
         assert collect(config)["items"][ev.HTTP_MODELS]["http_status"] == 401
     finally:
         server.shutdown()
+
+
+@ROOT_ONLY
+def test_files_the_service_names_are_read_only_if_the_service_could(tmp_path: Path) -> None:
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$hash:19000::::::\n")
+    secret.chmod(0o600)  # root only
+    probe = Probe({})
+    item = probe.file("lmcache_config", str(secret), readable_by="nobody")
+    assert "not readable by the service user nobody" in item["error"]
+    assert "stdout" not in item
+    secret.chmod(0o644)
+    assert probe.file("lmcache_config", str(secret), readable_by="nobody")["error"] is None
