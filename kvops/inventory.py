@@ -495,6 +495,15 @@ def probe_options(host: InventoryHost) -> dict[str, Any]:
     dirs = host.vars.get("kvops_probe_tool_dirs")
     if dirs:
         opts["tool_dirs"] = [str(d) for d in (dirs if isinstance(dirs, list) else [dirs])]
+    # vLLM started with --api-key answers /v1/* only with the token (vLLM docs, "API key"):
+    # from the (vaulted) host var, else the environment; passed to the probe on stdin, never
+    # into settings or evidence.
+    token = host.vars.get("kvops_vllm_api_key") or os.environ.get("KVOPS_VLLM_API_KEY")
+    if token:
+        opts["http_bearer_token"] = str(token)
+    ca_file = host.vars.get("kvops_vllm_ca_bundle")
+    if ca_file:
+        opts["http_ca_file"] = str(ca_file)
     for key in ("command_timeout_s", "http_timeout_s", "bench_timeout_s"):
         var = f"kvops_probe_{key}"
         if host.vars.get(var) not in (None, ""):

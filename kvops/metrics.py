@@ -74,15 +74,18 @@ def _stats(prefix: str, values: Sequence[float]) -> Metrics:
 
 
 def parse_slo(text: str | None) -> dict[str, float]:
-    """`ttft_ms=500,tpot_ms=50,e2el_ms=2000` -> {"ttft_ms": 500.0, ...} (keys as vLLM's)."""
+    """`ttft:500,tpot:50,e2el:2000` (`vllm bench serve --goodput` syntax, which separates with
+    spaces: both work) or `ttft_ms=500,...` -> {"ttft_ms": 500.0, ...}; values in ms."""
     if not text:
         return {}
     slo: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
+    for part in text.replace(",", " ").split():
+        sep = ":" if ":" in part else "="
+        key, _, value = part.partition(sep)
         key = key.strip()
-        if not sep or key not in ("ttft_ms", "tpot_ms", "e2el_ms"):
-            raise ValueError(f"bad SLO {part!r}: use ttft_ms=N,tpot_ms=N,e2el_ms=N")
+        key = key if key.endswith("_ms") or sep == "=" else f"{key}_ms"
+        if not value or key not in ("ttft_ms", "tpot_ms", "e2el_ms"):
+            raise ValueError(f"bad SLO {part!r}: use ttft:N,tpot:N,e2el:N (ms, as vllm bench)")
         try:
             slo[key] = float(value)
         except ValueError:

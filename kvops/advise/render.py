@@ -127,7 +127,7 @@ def _flip_lines(a: Analysis, advice: Advice) -> list[str]:
         + f" (storage: {a.profiles.storage.read_bandwidth_gb_s:g} GB/s)",
         "flip point, read bandwidth: "
         + (
-            f"offload throughput meets baseline at {read:.2f} GB/s"
+            f"offload's throughput beats the baseline's above {read:.2f} GB/s of reads"
             if isinstance(read, float)
             else "none (no bandwidth changes the answer)"
             if searched

@@ -31,6 +31,7 @@ from kvops.workload.spec import (
     WorkloadSpec,
     load_preset,
     load_spec_file,
+    spec_reference,
 )
 
 EXAMPLES = """
@@ -49,6 +50,12 @@ Exit codes: 0 all requests succeeded; 1 some requests failed (counted per arm, r
 2 usage error or an arm unreachable at start; 130 interrupted (Ctrl-C; results still written).
 """
 
+WORKLOAD_REFERENCE = (
+    "\b\nWorkload spec (--workload FILE: YAML, strict: unknown keys and bad values are errors):\n"
+    + "\n".join("  " + line for line in spec_reference().splitlines())
+    + "\n"
+)
+
 
 def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> list[WorkloadSpec]:
     if workload is not None and scenario is not None:
@@ -62,7 +69,7 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     return [s.scaled(scale) for s in specs]
 
 
-@click.command("ab-test", epilog=EXAMPLES)
+@click.command("ab-test", epilog=EXAMPLES + WORKLOAD_REFERENCE)
 @click.option(
     "--arm",
     "arms",
@@ -154,8 +161,9 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
 @click.option(
     "--slo",
     default=None,
-    metavar="ttft_ms=N,tpot_ms=N",
-    help="Goodput SLOs (ms; ttft_ms, tpot_ms, e2el_ms).",
+    metavar="ttft:N,tpot:N",
+    help="Goodput SLOs in ms, vllm bench serve's --goodput syntax (ttft, tpot, e2el; "
+    "ttft_ms=N also accepted): request_goodput_req_s counts requests meeting all.",
 )
 @click.option(
     "--seed",

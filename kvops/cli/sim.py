@@ -19,7 +19,13 @@ from kvops.cli.group import KvopsGroup
 from kvops.errors import KvopsError
 from kvops.sim.lmcache_config import LMCacheConfigError, LMCacheSettings, load_lmcache_settings
 from kvops.sim.model import EngineSettings, build_engine
-from kvops.sim.profiles import ProfileError, load_gpu, load_model, load_storage
+from kvops.sim.profiles import (
+    ProfileError,
+    load_gpu,
+    load_model,
+    load_storage,
+    profile_reference,
+)
 from kvops.sim.seed_workloads import SeedShape
 
 
@@ -72,7 +78,13 @@ def _offload_settings(kv_transfer_config: str | None) -> tuple[bool, LMCacheSett
     return True, settings
 
 
-@click.group(cls=KvopsGroup)
+PROFILE_REFERENCE = (
+    "\b\nProfile files (--gpu/--model/--storage PATH.yaml; strict: unknown, missing and bad keys "
+    "are errors):\n" + "\n".join("  " + line for line in profile_reference().splitlines()) + "\n"
+)
+
+
+@click.group(cls=KvopsGroup, epilog=PROFILE_REFERENCE)
 def sim() -> None:
     """The simulated vLLM + LMCache engine (physics-based; no GPU needed)."""
 
@@ -220,6 +232,9 @@ _SHAPE_OPTIONS = [
                  default="shuffled", show_default=True,
                  help="Send order within an iteration (as kvops ab-test)."),
     click.option("--seed", default=0, show_default=True, type=int),
+    click.option("--cpu-tier-gb", default=0.0, show_default=True, type=click.FloatRange(0),
+                 help="Offload arm: an LMCache CPU DRAM tier of this size in front of GDS "
+                      "(local_cpu + max_local_cpu_size; read first, written through)."),
 ]  # fmt: skip
 
 
@@ -250,10 +265,18 @@ def _shape(opts: dict[str, Any]) -> SeedShape:
 
 
 def _arm_settings(opts: dict[str, Any]) -> Callable[[bool], EngineSettings]:
-    """Engine settings per arm: offload with an LMCache GDS tier (8 GiB buffer, no CPU tier)."""
+    """Engine settings per arm: offload with an LMCache GDS tier (8 GiB buffer), behind a CPU
+    DRAM tier of --cpu-tier-gb when given (LMCache reads the fastest tier holding a chunk and
+    writes every chunk to every tier)."""
+    cpu_gb = float(opts["cpu_tier_gb"])
 
     def settings(offload: bool) -> EngineSettings:
-        lm = LMCacheSettings(local_cpu=False, gds_path="(virtual)", gds_buffer_size=8192)
+        lm = LMCacheSettings(
+            local_cpu=cpu_gb > 0,
+            max_local_cpu_size=cpu_gb,
+            gds_path="(virtual)",
+            gds_buffer_size=8192,
+        )
         return EngineSettings(
             offload=offload, lmcache=lm, tensor_parallel_size=opts["tensor_parallel_size"]
         )

@@ -1,14 +1,15 @@
 """`kvops validate`: probe every GPU host once over SSH, judge the evidence locally, report.
 
-Thin by design: inventory (`kvops.inventory`) → probe over SSH in parallel (`kvops.hosts`) →
-pure judges (`kvops.validate`) → table, JSON or JUnit (`kvops.report.findings`) → exit code.
+Thin by design: options → a `ValidateRequest` → `kvops.validate_run.run_validate` (inventory,
+probe over SSH in parallel, ONTAP over REST, pure judges) → table, JSON or JUnit
+(`kvops.report.findings`) → exit code.
 Progress goes to stderr so `--json` on stdout stays machine-readable.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,9 @@ from rich.console import Console
 
 from kvops.checks import Thresholds
 from kvops.checks.ontap import OntapThresholds
-from kvops.errors import RC, KvopsError
-from kvops.hosts import HostResult, probe_config, probe_fleet
-from kvops.inventory import InventoryHost, load_inventory, probe_options, probe_settings
-from kvops.ontap import fleet as ontap_fleet
-from kvops.ontap.target import is_ontap_host
+from kvops.errors import RC
 from kvops.report.findings import render_terminal, write_junit
-from kvops.ssh import SshOptions
-from kvops.validate import judge_fleet, load_evidence, save_evidence
+from kvops.validate_run import ValidateRequest, run_validate
 
 EXAMPLES = """
 \b
@@ -155,31 +151,7 @@ key unknown or changed, timed out).
     help="For CI gates: WARN or SKIP of a path-proving check (GDS platform GDS-04x, storage "
     "bench GDS-05x, compat mode GDS-032) exits 1. Needs --storage-bench to pass.",
 )
-def validate(
-    inventories: tuple[str, ...],
-    limit: str | None,
-    storage_bench: bool,
-    bench_size: str | None,
-    bench_io_size: str | None,
-    forks: int,
-    timeout_s: float | None,
-    as_json: bool,
-    junit_file: Path | None,
-    save_dir: Path | None,
-    from_dir: Path | None,
-    known_hosts: Path | None,
-    accept_new_host_keys: bool,
-    vault_password_file: tuple[str, ...],
-    vault_id: tuple[str, ...],
-    min_free_gib: float | None,
-    bench_min_link_share: float | None,
-    ontap: bool,
-    ontap_ca_file: Path | None,
-    ontap_min_free_pct: float,
-    verbose: bool,
-    problems_only: bool,
-    strict: bool,
-) -> RC:
+def validate(**options: Any) -> RC:
     """Prove each GPU host's GDS offload path is really in place, fleet-wide.
 
     One SSH round trip per host ships a stdlib-only probe (Python >= 3.8 on the host) that
@@ -187,113 +159,85 @@ def validate(
     config and the GDS directory; the checks then judge that evidence here. Host keys are
     verified against --known-hosts; hosts and variables come from ansible-inventory.
     """
+    view = _View(
+        **{k: options.pop(k) for k in ("as_json", "junit_file", "verbose", "problems_only")}
+    )
     err = Console(stderr=True, highlight=False)
+    outcome = run_validate(_request(**options), err.print)
+    fleet = outcome.fleet
+    if fleet.strict and fleet.unproven():
+        err.print(f"--strict: {len(fleet.unproven())} path-proving check(s) WARN/SKIP: exit 1")
+    if view.junit_file is not None:
+        write_junit(view.junit_file, fleet)
+    if view.as_json:
+        out = fleet.to_dict()
+        if outcome.probes:
+            out["transport"] = outcome.transport()
+        click.echo(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        render_terminal(fleet, Console(), verbose=view.verbose, problems_only=view.problems_only)
+    return fleet.exit_code()
+
+
+@dataclass(frozen=True)
+class _View:
+    """How to show the outcome (the rest of the options make the request)."""
+
+    as_json: bool
+    junit_file: Path | None
+    verbose: bool
+    problems_only: bool
+
+
+def _request(
+    *,
+    inventories: tuple[str, ...],
+    limit: str | None,
+    from_dir: Path | None,
+    storage_bench: bool,
+    bench_size: str | None,
+    bench_io_size: str | None,
+    forks: int,
+    timeout_s: float | None,
+    known_hosts: Path | None,
+    accept_new_host_keys: bool,
+    vault_password_file: tuple[str, ...],
+    vault_id: tuple[str, ...],
+    min_free_gib: float | None,
+    bench_min_link_share: float | None,
+    strict: bool,
+    ontap: bool,
+    ontap_ca_file: Path | None,
+    ontap_min_free_pct: float,
+    save_dir: Path | None,
+) -> ValidateRequest:
+    """The options as a `ValidateRequest`; usage errors name the conflicting options."""
+    if from_dir is not None and (inventories or limit):
+        raise click.UsageError("--from-evidence judges a saved bundle: drop -i/--limit")
+    if from_dir is None and not inventories:
+        raise click.UsageError("give an inventory (-i INV) or a bundle (--from-evidence DIR)")
     thresholds = Thresholds()
     if min_free_gib is not None:
         thresholds = replace(thresholds, min_free_gib=min_free_gib)
     if bench_min_link_share is not None:
         thresholds = replace(thresholds, bench_min_link_share=bench_min_link_share)
-
-    transport: dict[str, Any] = {}
-    clusters: list[dict[str, Any]] = []
-    addresses: dict[str, str] = {}
-    if timeout_s is None:
-        timeout_s = 600.0 if storage_bench else 120.0
-    if from_dir is not None:
-        if inventories or limit:
-            raise click.UsageError("--from-evidence judges a saved bundle: drop -i/--limit")
-        documents = load_evidence(from_dir)
-        clusters = [d for d in documents if ontap_fleet.is_ontap_document(d)]
-        documents = [d for d in documents if not ontap_fleet.is_ontap_document(d)]
-        err.print(f"judging {len(documents)} saved evidence documents from {from_dir}")
-    elif inventories:
-        hosts = load_inventory(list(inventories), limit, list(vault_password_file), list(vault_id))
-        ontap_hosts = [h for h in hosts if is_ontap_host(h)]
-        hosts = [h for h in hosts if not is_ontap_host(h)]
-        if ontap:
-            if not ontap_hosts:
-                raise click.UsageError(
-                    "--ontap: the inventory (or --limit) has no host in group 'ontap'"
-                )
-            err.print(f"reading {len(ontap_hosts)} ONTAP cluster(s) over REST ...")
-            clusters = ontap_fleet.collect_clusters(ontap_hosts, ontap_ca_file, timeout_s)
-            addresses = ontap_fleet.storage_addresses(hosts)
-        results = _probe(
-            err,
-            hosts,
-            storage_bench,
-            {"size": bench_size or "", "io_size": bench_io_size or ""},
-            forks,
-            timeout_s,
-            SshOptions(
-                known_hosts=known_hosts.expanduser() if known_hosts else None,
-                accept_new_host_keys=accept_new_host_keys,
-                timeout_s=timeout_s,
-            ),
-        )
-        documents = [dict(r.evidence) for r in results]
-        transport = {
-            r.host: {"status": r.status, "reason": r.reason, "duration_s": r.duration_s}
-            for r in results
-        }
-    else:
-        raise click.UsageError("give an inventory (-i INV) or a bundle (--from-evidence DIR)")
-
-    if save_dir is not None:
-        paths = save_evidence(save_dir, [*documents, *clusters])
-        err.print(f"saved {len(paths)} evidence documents to {save_dir}")
-    fleet = judge_fleet(documents, thresholds, strict=strict)
-    limits = OntapThresholds(min_free_percent=ontap_min_free_pct)
-    ontap_fleet.add_ontap_findings(fleet, clusters, documents, addresses, limits)
-    if strict and fleet.unproven():
-        err.print(f"--strict: {len(fleet.unproven())} path-proving check(s) WARN/SKIP: exit 1")
-    if junit_file is not None:
-        write_junit(junit_file, fleet)
-    if as_json:
-        out = fleet.to_dict()
-        if transport:
-            out["transport"] = transport
-        click.echo(json.dumps(out, indent=2, sort_keys=True))
-    else:
-        render_terminal(fleet, Console(), verbose=verbose, problems_only=problems_only)
-    return fleet.exit_code()
-
-
-def _probe(
-    err: Console,
-    hosts: list[InventoryHost],
-    storage_bench: bool,
-    gdsio: dict[str, str],
-    forks: int,
-    timeout_s: float,
-    opts: SshOptions,
-) -> list[HostResult]:
-    if not hosts:
-        return []
-    for host in hosts:
-        for warning in host.warnings:
-            err.print(f"[yellow]warning[/] {host.name}: {warning}")
-    configs = {
-        h.name: probe_config(
-            h, probe_settings(h, storage_bench, gdsio), probe_options(h), timeout_s
-        )
-        for h in hosts
-    }
-    err.print(
-        f"probing {len(hosts)} host(s), forks {min(forks, len(hosts))}, timeout {timeout_s:.0f} s"
-        f"{', with storage bench' if storage_bench else ''} ..."
+    return ValidateRequest(
+        inventories=inventories,
+        limit=limit,
+        from_dir=from_dir,
+        storage_bench=storage_bench,
+        bench_size=bench_size,
+        bench_io_size=bench_io_size,
+        forks=forks,
+        timeout_s=timeout_s if timeout_s is not None else (600.0 if storage_bench else 120.0),
+        known_hosts=known_hosts,
+        accept_new_host_keys=accept_new_host_keys,
+        vault_password_files=vault_password_file,
+        vault_ids=vault_id,
+        thresholds=thresholds,
+        strict=strict,
+        ontap=ontap,
+        ontap_ca_file=ontap_ca_file,
+        ontap_thresholds=OntapThresholds(min_free_percent=ontap_min_free_pct),
+        save_dir=save_dir,
     )
-
-    def progress(res: HostResult) -> None:
-        if res.ok:
-            err.print(f"  [green]probed[/]  {res.host} ({res.duration_s:.1f} s)")
-        else:
-            err.print(f"  [bold red]{res.status}[/]  {res.host}: {res.reason}")
-
-    try:
-        return probe_fleet(hosts, configs, opts, forks=forks, on_result=progress)
-    except KeyboardInterrupt:
-        raise KvopsError(
-            "interrupted: no report (hosts' probes end at their remote timeout)",
-            rc=RC.INTERRUPTED,
-        ) from None

@@ -20,8 +20,9 @@ from kvops.lab.errors import LabError, run
 
 VARIANT_FILE = "etc/kvops-test-doubles/variant.env"
 # Per-host switches of the doubles and the values each accepts (first = default).
+# gdscheck, gdsio, mount.nfs and nvidia-smi have no switch: their doubles answer from the
+# host's state (modules loaded, cufile.json, mounts), as the real tools do.
 VARIANTS = {
-    "GDSCHECK": ("healthy", "compat", "unsupported"),
     "RDMA": ("active", "down", "none"),
     "SYSTEMD": ("none", "double"),
 }
@@ -75,7 +76,7 @@ def lab_user_ids(base: Path) -> tuple[int, int]:
 
 
 def render_variant(variant: Mapping[str, str]) -> str:
-    """``GDSCHECK=compat`` lines; unknown keys or values are refused (a typo must not pass)."""
+    """``RDMA=down`` lines; unknown keys or values are refused (a typo must not pass)."""
     unknown = sorted(set(variant) - set(VARIANTS))
     if unknown:
         raise LabError(f"unknown variant keys {unknown}; known: {', '.join(VARIANTS)}")

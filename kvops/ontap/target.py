@@ -3,13 +3,15 @@
 The inventory's `ontap` group has one host per cluster, carrying the same `ontap_export_*`
 variables the `ontap_export` role uses (literal values: `ansible-inventory --list` does not
 render templates). Credentials come from the environment (`KVOPS_ONTAP_USERNAME`,
-`KVOPS_ONTAP_PASSWORD`) or from vaulted `kvops_ontap_username` / `kvops_ontap_password`
-inventory variables; they are never written to evidence, reports or logs.
+`KVOPS_ONTAP_PASSWORD`) or from the `kvops_ontap_username` / `kvops_ontap_password`
+inventory variables (vaulted, or a bare reference to a vaulted `vault_*` variable); they are
+never written to evidence, reports or logs.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +38,22 @@ def is_ontap_host(host: InventoryHost) -> bool:
     return ONTAP_GROUP in host.groups
 
 
+_REFERENCE = re.compile(r"^\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}$")
+
+
+def _var(host: InventoryHost, name: str) -> str:
+    """A variable's value; a bare `{{ other_var }}` reference (the vault idiom) is followed
+    once, since `ansible-inventory --list` does not render templates. Nothing is evaluated."""
+    value = str(host.vars.get(name) or "")
+    match = _REFERENCE.match(value.strip())
+    if match:
+        value = str(host.vars.get(match.group(1)) or "")
+    return "" if "{{" in value else value
+
+
 def _credentials(host: InventoryHost, environ: Mapping[str, str]) -> Credentials:
-    user = environ.get(USER_ENV) or str(host.vars.get("kvops_ontap_username") or "")
-    password = environ.get(PASSWORD_ENV) or str(host.vars.get("kvops_ontap_password") or "")
+    user = environ.get(USER_ENV) or _var(host, "kvops_ontap_username")
+    password = environ.get(PASSWORD_ENV) or _var(host, "kvops_ontap_password")
     if not user or not password:
         raise OntapError(
             f"{host.name}: no ONTAP credentials: set {USER_ENV} and {PASSWORD_ENV}, or vault "

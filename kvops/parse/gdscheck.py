@@ -104,11 +104,51 @@ def _gpu(report: GdsCheckReport, line: str) -> None:
     )
 
 
+# Driver lines gdscheck prints under DRIVER CONFIGURATION (GDS 1.0 … 1.16 docs).
+KNOWN_DRIVERS = frozenset(
+    {"NVMe", "NVMeOF", "SCSI", "ScaleFlux CSD", "NVMesh", "DDN EXAScaler", "IBM Spectrum Scale",
+     "NFS", "BeeGFS", "ScaTeFS", "VIRTIOFS", "WekaFS", "Userspace RDMA", "Lustre"}
+)  # fmt: skip
+
+
+def _unsectioned(report: GdsCheckReport, line: str) -> bool:
+    """A line outside any section banner, placed by its shape (older output, or a copy that
+    lost its banners): driver, driver property, GPU, platform lines. False: not recognised."""
+    if line.startswith("Platform verification"):
+        report.platform_verification = "succeeded" in line.lower()
+        report.platform["verification"] = line
+        return True
+    if _GPU.match(line):
+        _gpu(report, line)
+        return True
+    pair = _split_key_value(line)
+    if pair is None:
+        return False
+    key, value = pair
+    if key.startswith("--"):
+        report.driver_properties[key.lstrip("-").strip()] = value
+        return True
+    if key in KNOWN_DRIVERS:
+        report.drivers[key] = [m.strip().lower() for m in value.split(",") if m.strip()]
+        return True
+    if key in ("IOMMU", "Nvidia Driver Info Status", "Cuda Driver Version Installed"):
+        report.platform[key] = value
+        return True
+    return False
+
+
+def _have(report: GdsCheckReport, section: str) -> bool:
+    if section == "drivers":
+        return bool(report.drivers)
+    return report.platform_verification is not None or bool(report.platform)
+
+
 def parse_gdscheck(text: str) -> GdsCheckReport:
     """Parse `gdscheck -p`. Never raises; missing sections (truncated output) become warnings."""
     report = GdsCheckReport()
     section: str | None = None
     seen: set[str] = set()
+    unsectioned = 0
     for raw in text.splitlines():
         line = raw.strip()
         if not line or set(line) == {"="} or looks_like_prompt(raw):
@@ -122,7 +162,10 @@ def parse_gdscheck(text: str) -> GdsCheckReport:
             continue
         if section is None:
             if not _header(report, line):
-                report.messages.append(line)
+                if _unsectioned(report, line):
+                    unsectioned += 1
+                else:
+                    report.messages.append(line)
             continue
         if section == "gpus":
             _gpu(report, line)
@@ -147,8 +190,13 @@ def parse_gdscheck(text: str) -> GdsCheckReport:
             report.environment[key] = value
         else:
             report.platform[key] = value
+    if unsectioned:
+        report.warnings.append(
+            f"{unsectioned} line(s) read by their shape, without a section banner "
+            "(older gdscheck or a partial copy)"
+        )
     for needed in ("drivers", "platform"):
-        if needed not in seen:
+        if needed not in seen and not _have(report, needed):
             report.warnings.append(f"section {needed!r} missing: output truncated or not -p")
     if "platform" in seen and report.platform_verification is None:
         report.warnings.append("no 'Platform verification' line: output truncated?")

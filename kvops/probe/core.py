@@ -18,6 +18,7 @@ import re
 import select
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -55,6 +56,8 @@ class Probe:
         roots = config.get("roots") or {}
         self.roots = {k: str(roots[k]).rstrip("/") for k in ("proc", "sys", "etc") if roots.get(k)}
         self.tool_dirs = [str(d) for d in (config.get("tool_dirs") or [])]
+        self._bearer_token = str(config.get("http_bearer_token") or "") or None
+        self.http_ca_file = str(config.get("http_ca_file") or "") or None
         self.items: Dict[str, Dict[str, Any]] = {}
         self._workdir: Optional[str] = None
 
@@ -151,7 +154,7 @@ class Probe:
             limit = min(timeout_s or self.command_timeout_s, max(self.remaining(), 0.5))
             item.update(self._run(item["source"], limit, extra_env, as_user, cwd))
             if as_user:
-                item["run_as"] = as_user
+                item["run_as"] = _effective_user(as_user)
         item["duration_s"] = round(time.monotonic() - start, 4)
         if record:
             self.items[item_id] = item
@@ -207,13 +210,26 @@ class Probe:
             result["truncated"] = True
         return result
 
-    def file(self, item_id: str, system_path: str, record: bool = True) -> Dict[str, Any]:
-        """Read a text file (mapped through the roots); a missing file is an ENOENT error."""
+    def file(
+        self,
+        item_id: str,
+        system_path: str,
+        record: bool = True,
+        readable_by: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """Read a text file (mapped through the roots); a missing file is an ENOENT error.
+        `readable_by`: the path came from the service, read it only if that user could."""
         real = self.path(system_path)
         if record and self.out_of_time(item_id, KIND_FILE, real):
             return self.items[item_id]
         start = time.monotonic()
         item: Dict[str, Any] = {"kind": KIND_FILE, "source": real}
+        refused = user_can_read(real, readable_by) if os.path.exists(real) else None
+        if refused:
+            item.update(error=refused, duration_s=0.0)
+            if record:
+                self.items[item_id] = item
+            return item
         try:
             with open(real, "rb") as fh:
                 data = fh.read(FILE_LIMIT + 1)
@@ -247,16 +263,25 @@ class Probe:
             return self.items[item_id]
         start = time.monotonic()
         item: Dict[str, Any] = {"kind": KIND_HTTP, "source": url, "http_status": None}
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        handlers: List[Any] = [urllib.request.ProxyHandler({})]
+        if url.startswith("https:"):
+            # verified always; against the inventory's CA bundle when one is given
+            context = ssl.create_default_context(cafile=self.http_ca_file)
+            handlers.append(urllib.request.HTTPSHandler(context=context))
+        opener = urllib.request.build_opener(*handlers)
+        request = urllib.request.Request(url)
+        if self._bearer_token:
+            request.add_header("Authorization", "Bearer " + self._bearer_token)
+            item["auth"] = "bearer token (not recorded)"
         timeout = min(self.http_timeout_s, max(self.remaining(), 0.5))
         try:
-            with opener.open(url, timeout=timeout) as resp:
+            with opener.open(request, timeout=timeout) as resp:
                 body = resp.read(limit + 1)
                 item["http_status"] = resp.status
         except urllib.error.HTTPError as exc:
             item["http_status"] = exc.code
             body = exc.read(limit + 1) if exc.fp is not None else b""
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (urllib.error.URLError, OSError, ValueError, ssl.SSLError) as exc:
             reason = getattr(exc, "reason", exc)
             item["error"] = "no response: %s" % (reason,)
             body = b""
@@ -267,6 +292,44 @@ class Probe:
         item["duration_s"] = round(time.monotonic() - start, 4)
         self.items[item_id] = item
         return item
+
+
+def user_can_read(path: str, user: Optional[str]) -> Optional[str]:
+    """None when `user` may read `path` by its mode bits (root: always; symlinks followed);
+    else why not. A file the service names is read only if the service could read it too,
+    so a root probe never copies e.g. /etc/shadow into evidence on the service's word."""
+    if not user:
+        return None
+    try:
+        pw = pwd.getpwnam(user)
+        st = os.stat(path)
+    except (KeyError, OSError) as exc:
+        return "cannot check read access of %s for %s: %s" % (path, user, exc)
+    if pw.pw_uid == 0:
+        return None
+    try:
+        gids = set(os.getgrouplist(user, pw.pw_gid))
+    except OSError:
+        gids = {pw.pw_gid}
+    if st.st_uid == pw.pw_uid:
+        ok = bool(st.st_mode & 0o400)
+    elif st.st_gid in gids:
+        ok = bool(st.st_mode & 0o040)
+    else:
+        ok = bool(st.st_mode & 0o004)
+    return None if ok else "%s is not readable by the service user %s: not read" % (path, user)
+
+
+def _effective_user(wanted: str) -> str:
+    """Who a tool asked to run as `wanted` really ran as: an unprivileged probe cannot switch,
+    and the evidence must say so rather than name a user that did not run it."""
+    if os.geteuid() == 0:
+        return wanted
+    try:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        me = str(os.geteuid())
+    return wanted if me == wanted else "%s (not %s: the probe is not root)" % (me, wanted)
 
 
 def privilege_drop(user: str) -> Optional[Callable[[], None]]:

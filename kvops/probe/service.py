@@ -292,8 +292,12 @@ def collect_service(p: Probe, settings: Dict[str, Any]) -> Dict[str, Any]:
     )
 
     lmcache_path = settings.get("lmcache_config_path") or env.get("LMCACHE_CONFIG_FILE")
+    user = settings.get("service_user") or (proc_data or {}).get("user")
+    if not user and show:
+        user = (show.get("User") or [""])[-1] or "root"
     if lmcache_path:
-        lm = p.file("lmcache_config", lmcache_path)
+        from_service = not settings.get("lmcache_config_path")
+        lm = p.file("lmcache_config", lmcache_path, readable_by=user if from_service else None)
         if lm.get("stdout"):
             lm["stdout"] = redact_text(lm["stdout"])
     else:
@@ -307,11 +311,8 @@ def collect_service(p: Probe, settings: Dict[str, Any]) -> Dict[str, Any]:
     collect_journal(p, unit, (show.get("InvocationID") or [""])[-1])
     argv = (proc_data or {}).get("argv") or _exec_start_argv(show.get("ExecStart", []))
     root_pid = int((proc_data or {}).get("serving_pid") or pid or 0) if proc_data else 0
-    collect_launch_files(p, [(proc_data or {}).get("serving_argv") or [], argv], root_pid)
+    collect_launch_files(p, [(proc_data or {}).get("serving_argv") or [], argv], root_pid, user)
     collect_lmcache_version(p, argv, env, settings, pid if proc_data else 0)
-    user = settings.get("service_user") or (proc_data or {}).get("user")
-    if not user and show:
-        user = (show.get("User") or [""])[-1] or "root"
     return {"env": env, "service_user": user}
 
 
@@ -382,13 +383,15 @@ def _in_process_root(pid: int, path: str) -> str:
     return path
 
 
-def collect_launch_files(p: Probe, argvs: List[List[str]], pid: int) -> None:
+def collect_launch_files(
+    p: Probe, argvs: List[List[str]], pid: int, user: Optional[str] = None
+) -> None:
     """Files that carry vLLM's arguments when argv does not: `vllm serve --config FILE`
     (https://docs.vllm.ai/en/latest/configuration/serve_args.html) and a wrapper script the
     unit starts. Read as text and redacted, never executed."""
     config = next((v for v in (_flag_value(a, "--config") for a in argvs) if v), None)
     if config:
-        item = p.file("vllm_config_file", _in_process_root(pid, config))
+        item = p.file("vllm_config_file", _in_process_root(pid, config), readable_by=user)
         if item.get("stdout"):
             item["stdout"] = redact_text(item["stdout"])
     script = None
@@ -401,7 +404,7 @@ def collect_launch_files(p: Probe, argvs: List[List[str]], pid: int) -> None:
             script = candidate
             break
     if script:
-        item = p.file("vllm_wrapper", script)
+        item = p.file("vllm_wrapper", script, readable_by=user)
         if item.get("stdout"):
             item["stdout"] = redact_text(item["stdout"])
 

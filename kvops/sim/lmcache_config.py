@@ -71,6 +71,12 @@ _MODELLED = (
 )  # fmt: skip
 
 
+# LMCache switches that change when loads happen (overlapped with compute, layer by layer); the
+# model loads a whole prefix before the step that needs it, so it refuses them rather than
+# pretend (https://docs.lmcache.ai/api_reference/configurations.html).
+UNMODELLED_SWITCHES = ("enable_async_loading", "use_layerwise")
+
+
 def load_lmcache_settings(
     env: Mapping[str, str] | None = None,
     extra_config: Mapping[str, Any] | None = None,
@@ -98,6 +104,13 @@ def load_lmcache_settings(
         raise LMCacheConfigError(f"{config_file}: LMCache config: {config.error}")
     settings.warnings += [w.replace("(source: file)", f"(source: file: {config_file})")
                           for w in config.warnings]  # fmt: skip
+    for key in UNMODELLED_SWITCHES:
+        if config.effective.get(key):
+            raise LMCacheConfigError(
+                f"{key}: true (from {config.sources.get(key, 'config')}) is not modelled by kvops "
+                "sim: it would silently treat the overlapped loads as blocking and overstate "
+                f"offload's latency; unset {key} (or set it false) to simulate this engine"
+            )
     for key in _MODELLED:
         if key in config.unconverted:
             raise LMCacheConfigError(f"{key} from {config.unconverted[key]}: bad value")

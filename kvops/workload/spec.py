@@ -1,8 +1,9 @@
 """Workload specs: a strict YAML schema (unknown keys are errors) and the built-in presets.
 
 Why strict: a misspelt key (`prefix_token: 28000`) silently falling back to a default would run
-a different experiment than the one the operator believes they ran. Every field is checked for
-type and range here, once, so the generator and runner can trust the spec.
+a different experiment than the one the operator believes they ran. Every field declares its
+type, range and help (`kvops.schema`); they are checked here, once, so the generator and runner
+can trust the spec, and the same rules print as the spec reference in `kvops ab-test --help`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from kvops.errors import KvopsError
+from kvops.schema import load_strict, reference, spec_field
 
 PRESET_NAMES = ("unique-one-shot", "single-shared-prefix", "multi-shared-prefix")
 REQUEST_ORDERS = ("shuffled", "cyclic")
@@ -42,20 +44,32 @@ class WorkloadSpec:
     `max_concurrency` in flight. Prefixes repeat across iterations; that reuse is what offload
     may accelerate."""
 
-    name: str = "custom"
-    description: str = ""
-    num_prefixes: int = 0
-    prefix_tokens: int = 0
-    prompt_tokens: int = 1024
-    output_tokens: int = 128
-    batch_size: int = 1
-    requests_per_iteration: int | None = None
-    iterations: int = 1
-    rate: float | None = None
-    burstiness: float = 1.0
-    max_concurrency: int | None = None
-    seed: int = 0
-    request_order: str = "shuffled"
+    name: str = spec_field("custom", help="Shown in reports and the run directory.")
+    description: str = spec_field("", help="Free text for the reader of the report.")
+    num_prefixes: int = spec_field(0, minimum=0, help="Shared prefixes (0: every prompt unique).")
+    prefix_tokens: int = spec_field(0, minimum=0, help="Length of each shared prefix, tokens.")
+    prompt_tokens: int = spec_field(
+        1024, minimum=1, help="Whole prompt length, tokens (prefix + unique suffix)."
+    )
+    output_tokens: int = spec_field(128, minimum=1, help="Tokens generated per request (exact).")
+    batch_size: int = spec_field(1, minimum=1, help="Requests released together (batch mode).")
+    requests_per_iteration: int | None = spec_field(
+        None, minimum=1, help="Requests per iteration (null: batch_size)."
+    )
+    iterations: int = spec_field(1, minimum=1, help="Passes over the prefixes (reuse).")
+    rate: float | None = spec_field(
+        None, above=0, inf_ok=True, help="Rate mode: arrivals per second (inf: all at once)."
+    )
+    burstiness: float = spec_field(
+        1.0, above=0, help="Rate mode: gamma shape of the gaps (1: Poisson)."
+    )
+    max_concurrency: int | None = spec_field(
+        None, minimum=1, help="Rate mode: most requests in flight."
+    )
+    seed: int = spec_field(0, minimum=0, help="Seed of every random draw (prompts, arrivals).")
+    request_order: str = spec_field(
+        "shuffled", choices=REQUEST_ORDERS, help="Order of an iteration's requests."
+    )
 
     @property
     def per_iteration(self) -> int:
@@ -100,71 +114,19 @@ class WorkloadSpec:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
-_INT_FIELDS = {
-    "num_prefixes": 0,
-    "prefix_tokens": 0,
-    "prompt_tokens": 1,
-    "output_tokens": 1,
-    "batch_size": 1,
-    "iterations": 1,
-    "seed": 0,
-}
-
-
 def spec_from_dict(data: Any, source: str = "spec") -> WorkloadSpec:
     """Validate a mapping into a WorkloadSpec; each problem is a WorkloadSpecError naming a key."""
-    if not isinstance(data, dict):
-        raise WorkloadSpecError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
-    known = {f.name for f in dataclasses.fields(WorkloadSpec)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise WorkloadSpecError(
-            f"{source}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
-        )
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        values[key] = _check_field(key, value, source)
-    spec = WorkloadSpec(**values)
+    try:
+        spec = WorkloadSpec(**load_strict(WorkloadSpec, data, source))
+    except ValueError as exc:
+        raise WorkloadSpecError(str(exc)) from None
     _check_spec(spec, source)
     return spec
 
 
-def _check_field(key: str, value: Any, source: str) -> Any:
-    if key == "request_order":
-        if value not in REQUEST_ORDERS:
-            raise WorkloadSpecError(
-                f"{source}: request_order must be one of {', '.join(REQUEST_ORDERS)}"
-            )
-        return value
-    if key in ("name", "description"):
-        if not isinstance(value, str):
-            raise WorkloadSpecError(f"{source}: {key} must be a string")
-        return value
-    if key in _INT_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, int) or value < _INT_FIELDS[key]:
-            raise WorkloadSpecError(f"{source}: {key} must be an integer >= {_INT_FIELDS[key]}")
-        return value
-    if key in ("requests_per_iteration", "max_concurrency"):
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise WorkloadSpecError(f"{source}: {key} must be a positive integer or null")
-        return value
-    if key == "rate":
-        if value is None:
-            return None
-        if value == "inf":
-            return math.inf
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise WorkloadSpecError(
-                f"{source}: rate must be a positive number (requests/s), inf or null"
-            )
-        return float(value)
-    if key == "burstiness":
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise WorkloadSpecError(f"{source}: burstiness must be a positive number")
-        return float(value)
-    raise WorkloadSpecError(f"{source}: unknown key {key}")  # unreachable: filtered above
+def spec_reference() -> str:
+    """The keys of a workload spec file, for `--help` and the README."""
+    return reference(WorkloadSpec)
 
 
 def _check_spec(spec: WorkloadSpec, source: str) -> None:

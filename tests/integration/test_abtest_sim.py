@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 
 @pytest.mark.timeout(700)
@@ -39,7 +40,12 @@ def test_three_seed_outcomes_on_embedded_engines(tmp_path: Path) -> None:
     assert multi["workload"]["request_order"] == "shuffled"
     assert "requests shuffled" in (out / "report.md").read_text()
     assert doc["embedded_engines"] is True
-    assert (out / "sim-baseline.log").exists() and (out / "lmcache-offload.yaml").exists()
+    # The offload engine ran LMCache's GDS backend on the run folder with no CPU tier, and its
+    # chunks really went there: the reused prefixes came from storage.
+    config = yaml.safe_load((out / "lmcache-offload.yaml").read_text())
+    assert config["local_cpu"] is False, config
+    assert Path(config["gds_path"]) == (out / "gds-offload").resolve(), config
+    assert any(p.is_file() and p.stat().st_size > 0 for p in (out / "gds-offload").rglob("*"))
 
 
 def _engine_pids(parent: int) -> list[int]:

@@ -23,6 +23,7 @@ from kvops.lab.lab import Lab, LabState, claim_free_slot
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES_SPEC = REPO_ROOT / "tests" / "lab" / "packages.yml"
 DOUBLES_LOG_DIR = "/var/log/kvops-test-doubles"
+GPUS_FILE = "/etc/kvops-test-doubles/gpus"  # read by the nvidia-smi double
 # For `kvops validate` on lab hosts: host var `kvops_probe_roots: PROBE_ROOTS` points the probe
 # at the lab's /proc and /sys stand-ins (kept by the doubles; see README "proc tree").
 PROBE_ROOTS = {"proc": PROC_TREE, "sys": SYS_TREE}
@@ -158,12 +159,20 @@ class LabHosts:
         return proc.stdout.splitlines() if proc.returncode == 0 else []
 
     def set_variant(self, name: str, **values: str) -> None:
-        """Switch a host's doubles now and for later restarts, e.g. ``GDSCHECK="compat"``;
+        """Switch a host's doubles now and for later restarts, e.g. ``RDMA="down"``;
         no values = back to healthy."""
         from kvops.lab.inject import VARIANT_FILE, render_variant
 
         content = self._lab.set_variant(name, values) if self._lab else render_variant(values)
         self.write_file(name, "/" + VARIANT_FILE, content)
+
+    def set_gpus(self, name: str, gpus: Sequence[str] | None) -> None:
+        """The GPUs the nvidia-smi double reports on a host (names, one per GPU; [] = none;
+        None = back to the default single NVIDIA L40S)."""
+        if gpus is None:
+            self.ssh(name, ["rm", "-f", GPUS_FILE], sudo=True)
+        else:
+            self.write_file(name, GPUS_FILE, "".join(f"{gpu}\n" for gpu in gpus))
 
     def restart(self, name: str) -> None:
         """Reboot a host: same disk, fresh processes/mounts, modules-load.d replayed."""

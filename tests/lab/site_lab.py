@@ -32,8 +32,10 @@ MOUNT_OPTIONS = (
     "vers=4.1,proto=rdma,port=20049,hard,rsize=262144,wsize=262144,timeo=600,retrans=2,"
     "max_connect=16,_netdev"
 )
-# Which host runs which RDMA stack (site_lab_vars.yml).
-STACK = {"kvlab-1": "rdma-core", "kvlab-2": "doca-ofed"}
+# Which host runs which RDMA stack (site_lab_vars.yml): both DOCA-OFED, the GDS stack.
+STACK = {"kvlab-1": "doca-ofed", "kvlab-2": "doca-ofed"}
+# The DOCA-OFED release each host gets: the newest, or the pin.
+DOCA_VERSIONS = {"kvlab-1": "3.1.0-1", "kvlab-2": DOCA_VERSION}
 
 _RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$", re.MULTILINE)
 _converged: dict[int, subprocess.CompletedProcess[str]] = {}
@@ -101,12 +103,16 @@ def run_role(
     limit: str,
     extra_vars: dict[str, Any] | None = None,
     site_vars: bool = True,
+    then: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Apply one role to ``limit`` (with the lab's role variables unless ``site_vars=False``)."""
-    playbook = workdir / f"apply-{role}.yml"
+    """Apply one role (and the roles in ``then`` after it, in one play) to ``limit``, with the
+    lab's role variables unless ``site_vars=False``."""
+    roles = (role, *then)
+    playbook = workdir / f"apply-{'-'.join(roles)}.yml"
+    listed = "".join(f"    - role: {r}\n" for r in roles)
     playbook.write_text(
-        f"---\n- name: Apply {role}\n  hosts: gpu_hosts\n  become: true\n"
-        f"  gather_facts: true\n  roles:\n    - role: {role}\n"
+        f"---\n- name: Apply {', '.join(roles)}\n  hosts: gpu_hosts\n  become: true\n"
+        f"  gather_facts: true\n  roles:\n{listed}"
     )
     args = ["-i", str(SITE_VARS)] if site_vars else []
     return lab.ansible_playbook(

@@ -25,8 +25,8 @@ CASES: list[tuple[str, str, dict[str, Any], list[str]]] = [
     (
         "wrong-type-bool",
         "nvidia_driver",
-        {"nvidia_driver_reboot": "perhaps"},
-        ["argument 'nvidia_driver_reboot' is of type str", "unable to convert to bool"],
+        {"nvidia_driver_hold": "perhaps"},
+        ["argument 'nvidia_driver_hold' is of type str", "unable to convert to bool"],
     ),
     (
         "wrong-type-dict",

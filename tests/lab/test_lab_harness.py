@@ -147,6 +147,7 @@ def test_apt_installs_pinned_test_packages_from_the_lab_repo(scratch: LabHosts) 
     )
     version = scratch.ssh(h, ["dpkg-query", "-W", "-f", "${Version}", "nvidia-driver-580-open"])
     assert version.stdout == "580.82.07-0ubuntu1"
+    scratch.ssh(h, ["modprobe", "nvidia"], sudo=True)  # nvidia-smi needs the driver loaded
     csv = scratch.ssh(h, ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
     assert csv.stdout.strip() == "NVIDIA L40S, 580.82.07"
     assert scratch.ssh(h, ["/usr/sbin/modinfo", "-F", "license", "nvidia"]).stdout.strip() == (
@@ -188,11 +189,111 @@ def test_modprobe_double_records_calls_and_knows_installed_modules(scratch: LabH
     scratch.ssh(h, ["modprobe", "-r", "nvidia_fs"], sudo=True)
     assert scratch.ssh(h, ["test", "-e", f"{proc}/driver/nvidia-fs"], check=False).returncode
     scratch.ssh(h, ["modprobe", "nvidia_fs"], sudo=True)
-    gdscheck = scratch.ssh(h, ["/usr/local/cuda/gds/tools/gdscheck", "-p"]).stdout
-    assert "NFS                : Supported" in gdscheck
-    scratch.set_variant(h, GDSCHECK="compat")
-    gdscheck = scratch.ssh(h, ["/usr/local/cuda/gds/tools/gdscheck", "-p"]).stdout
-    assert "NFS : compat" in gdscheck
+
+
+GDSCHECK = "/usr/local/cuda/gds/tools/gdscheck"
+GDSIO = "/usr/local/cuda/gds/tools/gdsio"
+NO_COMPAT_CUFILE = '{ // written by the test\n "properties": { "allow_compat_mode": false } }\n'
+
+
+def test_gdscheck_double_follows_the_host_state(scratch: LabHosts) -> None:
+    """NFS through nvidia-fs needs nvidia_fs and rpcrdma loaded; without them compat only when
+    cufile.json allows it (libcufile's default file does), else Unsupported. PeerDirect comes
+    from the nvidia-fs build (OFED installed first in the test above)."""
+    h = scratch.hosts[0].name
+    gdscheck = scratch.ssh(h, [GDSCHECK, "-p"]).stdout
+    assert " NFS                : Supported" in gdscheck
+    assert " --Mellanox PeerDirect : Enabled" in gdscheck
+    assert " properties.use_compat_mode : true" in gdscheck  # the packaged default cufile.json
+    default_cufile = scratch.read_file(h, "/etc/cufile.json")
+    scratch.ssh(h, ["modprobe", "-r", "rpcrdma"], sudo=True)
+    try:
+        assert "NFS : compat" in scratch.ssh(h, [GDSCHECK, "-p"]).stdout
+        scratch.write_file(h, "/etc/cufile.json", NO_COMPAT_CUFILE)
+        gdscheck = scratch.ssh(h, [GDSCHECK, "-p"]).stdout
+        assert " NFS                : Unsupported" in gdscheck
+        assert " properties.use_compat_mode : false" in gdscheck
+    finally:
+        scratch.write_file(h, "/etc/cufile.json", default_cufile)
+        scratch.ssh(h, ["modprobe", "rpcrdma"], sudo=True)
+    scratch.ssh(h, ["modprobe", "-r", "nvidia_fs"], sudo=True)
+    try:
+        gdscheck = scratch.ssh(h, [GDSCHECK, "-p"]).stdout
+        assert "NFS : compat" in gdscheck and "NFS                : Supported" not in gdscheck
+    finally:
+        scratch.ssh(h, ["modprobe", "nvidia_fs"], sudo=True)
+
+
+def _nvfs_counters(lab: LabHosts, name: str) -> dict[str, int]:
+    stats = lab.read_file(name, f"{PROBE_ROOTS['proc']}/driver/nvidia-fs/stats")
+    counters: dict[str, int] = {}
+    for line in stats.splitlines():
+        key, _, rest = line.partition(" : ")
+        if key in ("Reads", "Writes") and rest.startswith("n="):
+            for word in rest.split():
+                k, _, v = word.partition("=")
+                counters[f"{key}.{k}"] = int(v)
+    return counters
+
+
+def test_gdsio_double_writes_files_and_moves_counters(scratch: LabHosts) -> None:
+    """GPU_DIRECT through the fast path: one file per thread in -D and the nvidia-fs counters
+    rise by the ops and MiB the result line reports; through compat, files but no counters."""
+    h = scratch.hosts[0].name
+    target = "/tmp/gdsio-target"
+    missing = scratch.ssh(h, [GDSIO, "-D", target, "-w", "2", "-s", "1M", "-x", "0", "-I", "1"],
+                          check=False)  # fmt: skip
+    assert missing.returncode != 0 and "No such file or directory" in missing.stderr
+    scratch.ssh(h, ["mkdir", "-p", target], sudo=True)
+    before = _nvfs_counters(scratch, h)
+    run = [GDSIO, "-D", target, "-d", "0", "-w", "3", "-s", "1M", "-i", "1M", "-x", "0", "-I", "1"]
+    out = scratch.ssh(h, run, sudo=True).stdout
+    after = _nvfs_counters(scratch, h)
+    files = scratch.ssh(h, ["ls", target]).stdout.split()
+    assert files == ["gdsio.0", "gdsio.1", "gdsio.2"]
+    assert scratch.ssh(h, ["stat", "-c", "%s", f"{target}/gdsio.0"]).stdout.strip() == "1048576"
+    ops = int(out.split(" ops: ")[1].split()[0])
+    kib = int(out.split("DataSetSize: ")[1].split("/")[0])
+    assert after["Writes.n"] - before["Writes.n"] == ops
+    assert after["Writes.ok"] - before["Writes.ok"] == ops
+    write_mib = "Writes.writeMiB" if "Writes.writeMiB" in after else "Writes.writeMB"
+    assert after[write_mib] - before[write_mib] == kib // 1024
+    assert after["Reads.n"] == before["Reads.n"]
+    # Without rpcrdma the IO falls back to POSIX (libcufile's default cufile.json allows
+    # compat): gdsio still "works", nvidia-fs sees nothing.
+    scratch.ssh(h, ["modprobe", "-r", "rpcrdma"], sudo=True)
+    try:
+        scratch.ssh(
+            h, [GDSIO, "-D", target, "-w", "1", "-s", "1M", "-x", "0", "-I", "0"], sudo=True
+        )
+        assert _nvfs_counters(scratch, h) == after
+    finally:
+        scratch.ssh(h, ["modprobe", "rpcrdma"], sudo=True)
+
+
+def test_nvidia_smi_double_follows_driver_and_gpus(scratch: LabHosts) -> None:
+    h = scratch.hosts[0].name
+    query = ["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"]
+    assert scratch.ssh(h, query).stdout == "0, NVIDIA L40S\n"
+    scratch.set_gpus(h, ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"])
+    try:
+        assert scratch.ssh(h, query).stdout == (
+            "0, NVIDIA H100 80GB HBM3\n1, NVIDIA H100 80GB HBM3\n"
+        )
+        scratch.set_gpus(h, [])
+        none = scratch.ssh(h, query, check=False)
+        assert none.returncode == 6 and "No devices were found" in none.stdout
+    finally:
+        scratch.set_gpus(h, None)
+    scratch.ssh(h, ["modprobe", "-r", "nvidia_fs"], sudo=True)
+    scratch.ssh(h, ["modprobe", "-r", "nvidia"], sudo=True)
+    try:
+        no_driver = scratch.ssh(h, query, check=False)
+        assert no_driver.returncode == 9
+        assert "couldn't communicate with the NVIDIA driver" in no_driver.stdout
+    finally:
+        scratch.ssh(h, ["modprobe", "nvidia_fs"], sudo=True)  # loads nvidia first
+    assert scratch.ssh(h, query).returncode == 0
 
 
 def test_mount_nfs_double_mounts_and_records_rdma_options(scratch: LabHosts) -> None:
@@ -202,15 +303,26 @@ def test_mount_nfs_double_mounts_and_records_rdma_options(scratch: LabHosts) -> 
     fstab = scratch.read_file(h, "/etc/fstab")
     line = "192.0.2.10:/kvcache /mnt/kv nfs vers=4.1,proto=rdma,port=20049,hard,_netdev 0 0\n"
     scratch.write_file(h, "/etc/fstab", fstab + line)
+    # No RPC-over-RDMA transport: the in-box rpcrdma does not insert against OFED's ib_core
+    # once mlnx-nfsrdma-dkms is gone, so the kernel cannot load it on demand and refuses.
+    scratch.ssh(h, ["apt-get", "remove", "-y", "-q", "mlnx-nfsrdma-dkms"], sudo=True)
+    scratch.ssh(h, ["modprobe", "-r", "rpcrdma"], sudo=True)
+    refused = scratch.ssh(h, ["mount", "/mnt/kv"], sudo=True, check=False)
+    assert refused.returncode == 32 and "Protocol not supported" in refused.stderr, refused
+    assert scratch.ssh(h, ["mountpoint", "-q", "/mnt/kv"], check=False).returncode != 0
+    # With the rebuilt module back, the mount loads rpcrdma on demand, as the kernel does.
+    scratch.ssh(h, ["apt-get", "install", "-y", "-q", "mlnx-nfsrdma-dkms"], sudo=True)
     scratch.ssh(h, ["mount", "/mnt/kv"], sudo=True)
     assert scratch.ssh(h, ["mountpoint", "-q", "/mnt/kv"], check=False).returncode == 0
+    assert "\nrpcrdma " in scratch.ssh(h, ["lsmod"]).stdout
     mounts = scratch.ssh(h, ["/usr/share/kvops-test-doubles/bin/proc-mounts"]).stdout
     expected = "192.0.2.10:/kvcache /mnt/kv nfs4 rw,relatime,vers=4.1,proto=rdma,port=20049,hard"
     assert expected in mounts
     assert expected in scratch.read_file(h, f"{PROBE_ROOTS['proc']}/mounts")
-    assert scratch.doubles_log(h, "mount.nfs") == [
-        "192.0.2.10:/kvcache /mnt/kv -o rw,vers=4.1,proto=rdma,port=20049,hard,_netdev"
-    ]
+    assert (
+        scratch.doubles_log(h, "mount.nfs")
+        == ["192.0.2.10:/kvcache /mnt/kv -o rw,vers=4.1,proto=rdma,port=20049,hard,_netdev"] * 2
+    )  # the refused call, then the mount
     scratch.ssh(h, ["umount", "/mnt/kv"], sudo=True)
     mounts = scratch.ssh(h, ["/usr/share/kvops-test-doubles/bin/proc-mounts"]).stdout
     assert "/mnt/kv" not in mounts

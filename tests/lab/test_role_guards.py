@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from lab_harness import LabHosts
-from site_lab import explain, failure_messages, recap, run_role, run_site
+from site_lab import changed_tasks, explain, failure_messages, recap, run_role, run_site
 
 HOST = "kvguard-1"
 NO_RDMA = "kvnordma-1"
@@ -64,6 +64,15 @@ def test_nvidia_fs_refuses_to_install_before_the_rdma_stack(
 
 _DOCA = ["doca-ofed", "mlnx-nfsrdma-dkms", "mlnx-ofed-kernel-dkms", "mlnx-ofed-kernel-utils"]
 _DOCA_ALL = [*_DOCA, "mlnx-tools", "rdma-core", "ibverbs-utils"]
+_GDS_ALL = [
+    "nvidia-driver-580-open",
+    "nvidia-gds",
+    "nvidia-gds-12-9",
+    "gds-tools-12-9",
+    "libcufile-12-9",
+    "nvidia-fs",
+    "nvidia-fs-dkms",
+]
 
 
 def test_doca_replaces_the_distro_rdma_core_in_place(guard: LabHosts, tmp_path: Path) -> None:
@@ -185,15 +194,72 @@ def test_nvidia_fs_built_before_doca_fails_the_peerdirect_check(
         assert 'says "Mellanox PeerDirect Supported: False"' in msg
         assert "rebuild nvidia-fs" in msg
     finally:
-        _apt(
+        _apt(guard, "purge", *_GDS_ALL, *_DOCA_ALL)
+
+
+GATE_STATE = "/var/lib/kvops/reboot-pending.json"
+
+
+def _loaded(lab: LabHosts) -> set[str]:
+    return {ln.split()[0] for ln in lab.ssh(HOST, ["lsmod"]).stdout.splitlines()[1:]}
+
+
+def test_doca_over_loaded_in_box_modules_records_a_pending_reboot_without_reboot(
+    guard: LabHosts, tmp_path: Path
+) -> None:
+    """kernel_gate_reboot false: DOCA-OFED installed while the in-box ib_core/mlx5 are loaded
+    (coldplugged at boot) is a pending reboot; rpcrdma is not loaded next to them, the run
+    passes and says so, and the next boot clears it."""
+    opt_out = {"rdma_client_stack": "doca-ofed", "kernel_gate_reboot": False}
+    assert {"ib_core", "mlx5_core"} <= _loaded(guard)
+    try:
+        proc = run_role(guard, tmp_path, "rdma_client", limit=HOST, extra_vars=opt_out)
+        assert proc.returncode == 0, explain(proc)
+        assert "REBOOT PENDING (rdma_client: DOCA-OFED changed while the in-box RDMA" in proc.stdout
+        assert "rdma_client: pending the reboot: rpcrdma not loaded" in proc.stdout
+        assert "rpcrdma" not in _loaded(guard)
+        assert "rpcrdma" not in guard.doubles_log(HOST, "modprobe")
+        boot_id = guard.read_file(HOST, "/var/lib/kvops-test-doubles/boot_id").strip()
+        assert f'"boot_id": "{boot_id}"' in guard.read_file(HOST, GATE_STATE)
+
+        again = run_role(guard, tmp_path, "rdma_client", limit=HOST, extra_vars=opt_out)
+        assert again.returncode == 0, explain(again)
+        assert "a reboot is pending since an earlier run" in again.stdout
+        assert recap(again)[HOST]["changed"] == 0, explain(again)
+
+        guard.restart(HOST)  # the boot loads OFED's modules and rpcrdma from modules-load.d
+        after = run_role(guard, tmp_path, "rdma_client", limit=HOST, extra_vars=opt_out)
+        assert after.returncode == 0, explain(after)
+        for pending in ("REBOOT PENDING", "pending the reboot:", "a reboot is pending"):
+            assert pending not in after.stdout, explain(after)
+        assert guard.ssh(HOST, ["test", "-e", GATE_STATE], check=False).returncode != 0
+        assert "rpcrdma" in _loaded(guard)
+    finally:
+        _apt(guard, "purge", *_DOCA_ALL)
+        guard.ssh(HOST, ["rm", "-f", "/etc/modules-load.d/rpcrdma.conf", GATE_STATE], sudo=True)
+
+
+def test_a_stack_change_rebuilds_nvidia_fs_and_the_gate_reboots(
+    guard: LabHosts, tmp_path: Path
+) -> None:
+    """nvidia-fs built before DOCA-OFED (no PeerDirect); rdma_client then installs DOCA in the
+    same play as nvidia_fs: nvidia-fs is rebuilt against it, the gate reboots (the lab's reboot
+    double, kernel_gate_reboot true in the lab vars) and PeerDirect is there."""
+    _apt(guard, "install", "nvidia-driver-580-open", "nvidia-fs-dkms=2.25.7-1")
+    try:
+        proc = run_role(
             guard,
-            "purge",
-            "nvidia-driver-580-open",
-            "nvidia-gds",
-            "nvidia-gds-12-9",
-            "gds-tools-12-9",
-            "libcufile-12-9",
-            "nvidia-fs",
-            "nvidia-fs-dkms",
-            *_DOCA_ALL,
+            tmp_path,
+            "rdma_client",
+            limit=HOST,
+            extra_vars={"rdma_client_stack": "doca-ofed"},
+            then=("nvidia_fs",),
         )
+        assert proc.returncode == 0, explain(proc)
+        rebuilt = "nvidia_fs : Nvidia_fs | Rebuild nvidia-fs against the changed RDMA stack"
+        assert rebuilt in changed_tasks(proc, HOST), explain(proc)
+        assert guard.doubles_log(HOST, "nvidia-fs-dkms")[-1].endswith("peerdirect=True")
+        assert guard.doubles_log(HOST, "reboot"), "the gate did not reboot"
+        assert "nvidia_fs: Mellanox PeerDirect Supported: True" in proc.stdout
+    finally:
+        _apt(guard, "purge", *_GDS_ALL, *_DOCA_ALL)

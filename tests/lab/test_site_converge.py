@@ -26,7 +26,14 @@ def test_site_converges_two_hosts(lab: LabHosts) -> None:
     # The roles ran in site.yml's order on every host.
     roles = re.findall(r"^TASK \[(\w+) : ", proc.stdout, re.MULTILINE)
     first_seen = list(dict.fromkeys(roles))
-    assert first_seen == ["nvidia_driver", "rdma_client", "nvidia_fs", "nfs_rdma_mount", "cufile"]
+    assert first_seen == [
+        "kernel_gate",
+        "nvidia_driver",
+        "rdma_client",
+        "nvidia_fs",
+        "nfs_rdma_mount",
+        "cufile",
+    ]
 
 
 def test_cufile_handler_is_harmless_without_the_inference_service(lab: LabHosts) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from lab_harness import LabHosts
 from site_lab import (
-    DOCA_VERSION,
+    DOCA_VERSIONS,
     DRIVER_VERSION,
     GDS_VERSION,
     NVIDIA_FS_VERSION,
@@ -53,28 +53,21 @@ def test_the_proprietary_driver_is_not_installed(host) -> None:  # type: ignore[
     assert host.check_output("modinfo -F license nvidia") == "Dual MIT/GPL"
 
 
-def test_exactly_one_rdma_stack(host) -> None:  # type: ignore[no-untyped-def]
+def test_doca_ofed_replaced_the_distribution_stack_in_place(host) -> None:  # type: ignore[no-untyped-def]
+    assert STACK[host.lab_name] == "doca-ofed"
+    assert host.package("doca-ofed").version == DOCA_VERSIONS[host.lab_name]
+    # DOCA-OFED's own rdma-core build, not a second stack beside Debian's ...
     rdma_core = host.package("rdma-core")
-    assert rdma_core.is_installed and host.package("ibverbs-utils").is_installed
-    if STACK[host.lab_name] == "doca-ofed":
-        assert host.package("doca-ofed").version == DOCA_VERSION
-        # DOCA-OFED replaced the distribution's rdma-core in place with its own build ...
-        assert "mlnx" in rdma_core.version
-        # ... and the NFS-RDMA client modules built for its kernel stack are there.
-        assert host.package("mlnx-ofed-kernel-dkms").is_installed
-        assert host.package("mlnx-nfsrdma-dkms").is_installed
-        assert host.check_output("ofed_info -s").startswith("OFED-internal-")
-    else:
-        assert rdma_core.version == "44.0-2"
-        assert host.package("ibverbs-utils").version == "44.0-2"
-        for ofed in ("doca-ofed", "mlnx-ofed-kernel-dkms", "mlnx-nfsrdma-dkms"):
-            assert not host.package(ofed).is_installed, ofed
+    assert rdma_core.is_installed and "mlnx" in rdma_core.version
+    assert "mlnx" in host.package("ibverbs-utils").version
+    # ... and the NFS-RDMA client modules built for its kernel stack.
+    assert host.package("mlnx-ofed-kernel-dkms").is_installed
+    assert host.package("mlnx-nfsrdma-dkms").is_installed
+    assert host.check_output("ofed_info -s").startswith("OFED-internal-")
 
 
-def test_nvidia_fs_has_peerdirect_only_on_the_doca_host(host) -> None:  # type: ignore[no-untyped-def]
+def test_nvidia_fs_has_peerdirect(host) -> None:  # type: ignore[no-untyped-def]
     # The nvidia-fs-dkms double's postinst records, like the real build, whether the OFED kernel
     # stack was installed before it; the nvidia_fs role asserted it from the loaded module's stats.
     stats = host.file("/var/lib/kvops-test-doubles/proc/driver/nvidia-fs/stats")
-    assert stats.exists
-    want = "True" if STACK[host.lab_name] == "doca-ofed" else "False"
-    assert f"Mellanox PeerDirect Supported: {want}" in stats.content_string
+    assert "Mellanox PeerDirect Supported: True" in stats.content_string

@@ -93,12 +93,15 @@ def test_ssh_config_verifies_host_keys_against_the_lab_file() -> None:
 
 
 def test_variant_file_refuses_unknown_keys_and_odd_values() -> None:
-    assert render_variant({"GDSCHECK": "compat"}).endswith("GDSCHECK=compat\n")
-    with pytest.raises(LabError, match="GDSCHEK"):
-        render_variant({"GDSCHEK": "compat"})
-    with pytest.raises(LabError, match="healthy, compat, unsupported"):
-        render_variant({"GDSCHECK": "x; rm -rf /"})
-    assert "RDMA=down" in render_variant({"RDMA": "down", "GDSCHECK": "healthy"})
+    assert render_variant({"RDMA": "down"}).endswith("RDMA=down\n")
+    with pytest.raises(LabError, match="RDAM"):
+        render_variant({"RDAM": "down"})
+    with pytest.raises(LabError, match="active, down, none"):
+        render_variant({"RDMA": "x; rm -rf /"})
+    # gdscheck has no switch any more: it answers from the host's state
+    with pytest.raises(LabError, match="GDSCHECK"):
+        render_variant({"GDSCHECK": "compat"})
+    assert "SYSTEMD=double" in render_variant({"RDMA": "active", "SYSTEMD": "double"})
 
 
 def test_cli_bad_name_prefix_is_a_usage_error_without_traceback() -> None:

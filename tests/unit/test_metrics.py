@@ -86,7 +86,9 @@ def test_goodput_counts_requests_meeting_every_slo() -> None:
 
 def test_parse_slo_rejects_unknown_keys() -> None:
     assert parse_slo("ttft_ms=5, e2el_ms=7") == {"ttft_ms": 5.0, "e2el_ms": 7.0}
-    for bad in ("ttft=5", "ttft_ms=x", "ttft_ms"):
+    assert parse_slo("ttft:500,tpot:50") == {"ttft_ms": 500.0, "tpot_ms": 50.0}
+    assert parse_slo("ttft:500 e2el:2000") == {"ttft_ms": 500.0, "e2el_ms": 2000.0}
+    for bad in ("ttft=5", "ttft_ms=x", "ttft_ms", "itl:5", "ttft:"):
         with pytest.raises(ValueError):
             parse_slo(bad)
 

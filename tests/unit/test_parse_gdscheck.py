@@ -102,3 +102,19 @@ def test_not_gdscheck_output() -> None:
     report = parse_gdscheck("bash: gdscheck: command not found\n")
     assert report.drivers == {}
     assert any("missing" in w for w in report.warnings)
+
+
+def test_lines_without_section_banners_are_read_by_their_shape() -> None:
+    """A partial copy (pasted from the middle) or an older layout without banners: what is
+    there is still read, and the report says banners were missing."""
+    text = (FIXTURES / "openshift-l40s-netapp-nfs-rdma-supported.txt").read_text()
+    banners = ("ENVIRONMENT:", "DRIVER CONFIGURATION:", "CUFILE CONFIGURATION:", "GPU INFO:",
+               "PLATFORM INFO:")  # fmt: skip
+    stripped = "\n".join(ln for ln in text.splitlines() if ln.strip() not in banners)
+    report = parse_gdscheck(stripped)
+    assert report.direct_modes("NFS") == parse_gdscheck(text).direct_modes("NFS") != []
+    assert report.platform_verification is True
+    assert any("without a section banner" in w for w in report.warnings)
+    assert not any("section 'drivers' missing" in w for w in report.warnings)
+    middle = text[text.index(" NFS") :]  # copied from the NFS line on: header lost
+    assert parse_gdscheck(middle).direct_modes("NFS") != []

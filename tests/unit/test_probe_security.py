@@ -6,12 +6,14 @@ Tools here are test doubles written into tmp_path (shell scripts that report wha
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import pwd
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -263,3 +265,71 @@ def test_launch_files_are_read_as_text_never_run(tmp_path: Path) -> None:
     assert "kv-transfer-config" in probe.items[ev.VLLM_CONFIG_FILE]["stdout"]
     assert "sk-2" not in probe.items[ev.VLLM_CONFIG_FILE]["stdout"]
     assert not marker.exists()
+
+
+class _AuthHandler(http.server.BaseHTTPRequestHandler):
+    """Answers like vLLM started with --api-key: /v1/* only with the bearer token."""
+
+    def do_GET(self) -> None:
+        ok = not self.path.startswith("/v1/") or (
+            self.headers.get("Authorization") == "Bearer tok-123"
+        )
+        self.send_response(200 if ok else 401)
+        self.end_headers()
+        self.wfile.write(b'{"data": []}' if ok else b'{"error": "Unauthorized"}')
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_vllm_behind_api_key_gets_the_token_which_is_never_recorded() -> None:
+    from kvops.inventory import InventoryHost, probe_options, probe_settings
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AuthHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        host = InventoryHost("gpu-1", vars={"kvops_vllm_url": url, "kvops_vllm_api_key": "tok-123"})
+        options = probe_options(host)
+        assert options["http_bearer_token"] == "tok-123"
+        config = {**options, "settings": probe_settings(host), "deadline_s": 30}
+        doc = collect(config)
+        assert doc["items"][ev.HTTP_MODELS]["http_status"] == 200
+        assert "tok-123" not in json.dumps(doc)
+        del config["http_bearer_token"]
+        assert collect(config)["items"][ev.HTTP_MODELS]["http_status"] == 401
+    finally:
+        server.shutdown()
+
+
+@ROOT_ONLY
+def test_files_the_service_names_are_read_only_if_the_service_could(tmp_path: Path) -> None:
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$hash:19000::::::\n")
+    secret.chmod(0o600)  # root only
+    probe = Probe({})
+    item = probe.file("lmcache_config", str(secret), readable_by="nobody")
+    assert "not readable by the service user nobody" in item["error"]
+    assert "stdout" not in item
+    secret.chmod(0o644)
+    assert probe.file("lmcache_config", str(secret), readable_by="nobody")["error"] is None
+
+
+def test_an_unprivileged_probe_says_who_really_ran_the_bench(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kvops.probe import core
+
+    monkeypatch.setattr(core.os, "geteuid", lambda: pwd.getpwnam("nobody").pw_uid)
+    assert core._effective_user("vllm") == "nobody (not vllm: the probe is not root)"
+    assert core._effective_user("nobody") == "nobody"
+    assert core.privilege_drop("vllm" if _has_user("vllm") else "root") is None
+
+
+def _has_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True

@@ -5,6 +5,7 @@ only on a customer's first RHEL run."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +230,30 @@ def test_only_mlnx_ofed_and_doca_mixes_are_refused(
         rdma_client_stack=stack,
     )
     assert sorted(got) == conflicting
+
+
+@pytest.mark.parametrize(
+    ("package", "proprietary"),
+    [
+        ("nvidia-driver-580", True),
+        ("nvidia-driver-580-server", True),
+        ("nvidia-dkms-580", True),
+        ("nvidia-dkms-580-server", True),
+        ("nvidia-kernel-source-580", True),
+        ("linux-modules-nvidia-580-generic", True),
+        ("linux-modules-nvidia-580-server-6.8.0-45-generic", True),
+        ("kmod-nvidia-latest-dkms", True),
+        # Ubuntu's signed precompiled OPEN modules and the open packages are what GDS needs.
+        ("linux-modules-nvidia-580-open-generic", False),
+        ("linux-modules-nvidia-580-server-open-6.8.0-45-generic", False),
+        ("nvidia-driver-580-open", False),
+        ("nvidia-driver-580-server-open", False),
+        ("nvidia-dkms-580-open", False),
+        ("nvidia-persistenced", False),
+    ],
+)
+def test_the_proprietary_package_pattern(package: str, proprietary: bool) -> None:
+    regex = _render(
+        "nvidia_driver", "ubuntu-22.04-x86_64", "_nvidia_driver_proprietary_package_regex"
+    )
+    assert (re.match(regex.strip(), package) is not None) is proprietary

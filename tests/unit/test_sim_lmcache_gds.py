@@ -48,6 +48,13 @@ def test_sim_reads_values_with_the_validate_reader() -> None:
         load_lmcache_settings(env={"LMCACHE_CHUNK_SIZE": "lots"})
 
 
+def test_overlapped_loading_is_refused_not_silently_modelled_as_blocking() -> None:
+    for key in ("ENABLE_ASYNC_LOADING", "USE_LAYERWISE"):
+        with pytest.raises(LMCacheConfigError, match=f"{key.lower()}: true .* not modelled"):
+            load_lmcache_settings(env={f"LMCACHE_{key}": "True"})
+        assert load_lmcache_settings(env={f"LMCACHE_{key}": "False"}).chunk_size == 256
+
+
 def test_env_extra_config_is_json() -> None:
     s = load_lmcache_settings(env={"LMCACHE_EXTRA_CONFIG": '{"use_direct_io": true}'})
     assert s.extra_config == {"use_direct_io": True}

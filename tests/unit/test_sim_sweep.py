@@ -54,3 +54,19 @@ def test_cli_sweep_of_read_bandwidth_finds_the_flip_near_the_break_even() -> Non
     assert "flips from hurting to helping" in text.output and "break-even" in text.output
     bad = CliRunner().invoke(sim, ["sweep", "speed=1,2"])
     assert bad.exit_code == 2 and "PARAM" in bad.output
+
+
+def test_a_cpu_dram_tier_in_front_of_slow_gds_serves_the_hits_faster() -> None:
+    """LMCache reads the fastest tier holding a chunk: a DRAM tier big enough for the prefixes
+    beats a slow GDS path alone; a tiny one cannot hold them and changes little."""
+    shape = ["--batch-size", "20", "--iterations", "2", "--output-tokens", "8",
+             "--storage", "ontap-nfs-rdma-100g"]  # fmt: skip
+
+    def offload_tput(gb: str) -> float:
+        result = CliRunner().invoke(sim, ["run", *shape, "--cpu-tier-gb", gb])
+        assert result.exit_code == 0, result.output
+        return float(json.loads(result.output)["offload"]["total_token_throughput_tok_s"])
+
+    gds_only, big, tiny = offload_tput("0"), offload_tput("200"), offload_tput("1")
+    assert big > gds_only * 1.2
+    assert tiny == pytest.approx(gds_only, rel=0.1)

@@ -6,7 +6,8 @@ https://docs.netapp.com/us-en/ontap-automation/rest/interpret_api_response.html 
 https://docs.netapp.com/us-en/ontap-automation/rest/asynchronous_processing.html):
 
 - collections answer `{"records", "num_records", "_links"}`; without `fields=` only the key
-  fields come back, `fields=*`/`**` give all, `fields=a,b.c` exactly those;
+  fields come back (a single record: all of them), `fields=*`/`**` give all, `fields=a,b.c`
+  exactly those (plus the keys);
 - any other query parameter is a filter on a (dotted) field: `*` wildcards, `!`, `<`/`>`,
   `null`/`!null`, `a|b`; lists match when any element matches (`clients.match=10.0.0.1`);
 - `max_records` pages with `_links.next.href`: the full path with every original parameter
@@ -431,7 +432,8 @@ class Cluster:
         if method == "GET" and key is None:
             return 200, self._list(coll, table, query, params, fields)
         if method == "GET" and key is not None:
-            return 200, self._view(coll, self._find(coll, table, key), fields)
+            # A single record comes with all its (non-expensive) fields unless `fields=` narrows it.
+            return 200, self._view(coll, self._find(coll, table, key), fields or ["*"])
         data = expand(body)
         for name in data:
             if name.split(".")[0] not in coll.fields or name in self._gated(coll):

@@ -1,0 +1,144 @@
+"""The I/O half of `kvops validate`: one request in, the judged fleet out.
+
+Why a request object and one call (as `ab-test` does with `AbTestRequest` → `run_ab_test`): the
+CLI only turns options into a `ValidateRequest` and renders the `ValidateOutcome`, so scripts and
+tests drive the same path without click. Here: the inventory (`kvops.inventory`), the probe over
+SSH in parallel (`kvops.hosts`), the ONTAP clusters over REST (`kvops.ontap`, with `--ontap`) or
+a saved bundle, then the pure judges (`kvops.validate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvops.checks import Thresholds
+from kvops.checks.ontap import OntapThresholds
+from kvops.errors import RC, KvopsError
+from kvops.hosts import HostResult, probe_config, probe_fleet
+from kvops.inventory import InventoryHost, load_inventory, probe_options, probe_settings
+from kvops.ontap import fleet as ontap_fleet
+from kvops.ontap.target import is_ontap_host
+from kvops.ssh import SshOptions
+from kvops.validate import FleetResult, judge_fleet, load_evidence, save_evidence
+
+Progress = Callable[[str], None]  # one line of rich markup for the operator (stderr)
+
+
+@dataclass(frozen=True)
+class ValidateRequest:
+    """What to validate: an inventory to probe (`inventories`, `limit`) or a saved bundle
+    (`from_dir`), with how to reach the hosts and what to judge them against."""
+
+    inventories: tuple[str, ...] = ()
+    limit: str | None = None
+    from_dir: Path | None = None
+    storage_bench: bool = False
+    bench_size: str | None = None
+    bench_io_size: str | None = None
+    forks: int = 16
+    timeout_s: float = 120.0
+    known_hosts: Path | None = None
+    accept_new_host_keys: bool = False
+    vault_password_files: tuple[str, ...] = ()
+    vault_ids: tuple[str, ...] = ()
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    strict: bool = False
+    ontap: bool = False
+    ontap_ca_file: Path | None = None
+    ontap_thresholds: OntapThresholds = field(default_factory=OntapThresholds)
+    save_dir: Path | None = None
+
+
+@dataclass
+class ValidateOutcome:
+    """The judged fleet, and how probing each host went (empty for a saved bundle)."""
+
+    fleet: FleetResult
+    probes: list[HostResult] = field(default_factory=list)
+
+    def transport(self) -> dict[str, dict[str, Any]]:
+        """`--json`'s `transport`: per host `status`, `reason`, `duration_s`."""
+        return {
+            r.host: {"status": str(r.status), "reason": r.reason, "duration_s": r.duration_s}
+            for r in self.probes
+        }
+
+
+def _quiet(_: str) -> None:
+    """No progress lines."""
+
+
+def run_validate(req: ValidateRequest, progress: Progress = _quiet) -> ValidateOutcome:
+    """Collect (or load) the evidence, save it when asked, judge it. Raises `KvopsError`
+    (exit 2) for an unreadable inventory or bundle, `RC.INTERRUPTED` on Ctrl-C."""
+    probes: list[HostResult] = []
+    clusters: list[dict[str, Any]] = []
+    addresses: dict[str, str] = {}
+    if req.from_dir is not None:
+        documents = load_evidence(req.from_dir)
+        clusters = [d for d in documents if ontap_fleet.is_ontap_document(d)]
+        documents = [d for d in documents if not ontap_fleet.is_ontap_document(d)]
+        progress(f"judging {len(documents)} saved evidence documents from {req.from_dir}")
+    else:
+        hosts = load_inventory(
+            list(req.inventories), req.limit, list(req.vault_password_files), list(req.vault_ids)
+        )
+        ontap_hosts = [h for h in hosts if is_ontap_host(h)]
+        hosts = [h for h in hosts if not is_ontap_host(h)]
+        if req.ontap:
+            if not ontap_hosts:
+                raise KvopsError("--ontap: the inventory (or --limit) has no host in group 'ontap'")
+            progress(f"reading {len(ontap_hosts)} ONTAP cluster(s) over REST ...")
+            clusters = ontap_fleet.collect_clusters(ontap_hosts, req.ontap_ca_file, req.timeout_s)
+            addresses = ontap_fleet.storage_addresses(hosts)
+        probes = _probe(req, hosts, progress)
+        documents = [dict(r.evidence) for r in probes]
+    if req.save_dir is not None:
+        paths = save_evidence(req.save_dir, [*documents, *clusters])
+        progress(f"saved {len(paths)} evidence documents to {req.save_dir}")
+    fleet = judge_fleet(documents, req.thresholds, strict=req.strict)
+    ontap_fleet.add_ontap_findings(fleet, clusters, documents, addresses, req.ontap_thresholds)
+    return ValidateOutcome(fleet, probes)
+
+
+def _probe(
+    req: ValidateRequest, hosts: list[InventoryHost], progress: Progress
+) -> list[HostResult]:
+    if not hosts:
+        return []
+    for host in hosts:
+        for warning in host.warnings:
+            progress(f"[yellow]warning[/] {host.name}: {warning}")
+    gdsio = {"size": req.bench_size or "", "io_size": req.bench_io_size or ""}
+    configs = {
+        h.name: probe_config(
+            h, probe_settings(h, req.storage_bench, gdsio), probe_options(h), req.timeout_s
+        )
+        for h in hosts
+    }
+    ssh = SshOptions(
+        known_hosts=req.known_hosts.expanduser() if req.known_hosts else None,
+        accept_new_host_keys=req.accept_new_host_keys,
+        timeout_s=req.timeout_s,
+    )
+    progress(
+        f"probing {len(hosts)} host(s), forks {min(req.forks, len(hosts))}, "
+        f"timeout {req.timeout_s:.0f} s{', with storage bench' if req.storage_bench else ''} ..."
+    )
+
+    def report(res: HostResult) -> None:
+        if res.ok:
+            progress(f"  [green]probed[/]  {res.host} ({res.duration_s:.1f} s)")
+        else:
+            progress(f"  [bold red]{res.status}[/]  {res.host}: {res.reason}")
+
+    try:
+        return probe_fleet(hosts, configs, ssh, forks=req.forks, on_result=report)
+    except KeyboardInterrupt:
+        raise KvopsError(
+            "interrupted: no report (hosts' probes end at their remote timeout)",
+            rc=RC.INTERRUPTED,
+        ) from None

@@ -1,0 +1,107 @@
+"""The strict spec loader: field metadata decides what a YAML key accepts and what --help says."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from kvops.cli import main
+from kvops.schema import load_strict, reference, spec_field
+from kvops.sim.profiles import (
+    GpuProfile,
+    ModelProfile,
+    ProfileError,
+    StorageProfile,
+    load_storage,
+)
+from kvops.workload.spec import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class Example:
+    count: int = spec_field(1, minimum=1, help="How many.")
+    share: float = spec_field(0.5, above=0, help="A positive share.")
+    rate: float | None = spec_field(None, above=0, inf_ok=True, help="Per second.")
+    mode: str = spec_field("a", choices=("a", "b"), help="Which mode.")
+
+
+@pytest.mark.parametrize(
+    ("data", "values"),
+    [
+        ({}, {}),
+        ({"count": 3, "share": 1}, {"count": 3, "share": 1.0}),
+        ({"rate": "inf", "mode": "b"}, {"rate": math.inf, "mode": "b"}),
+        ({"rate": None}, {"rate": None}),
+    ],
+)
+def test_good_values_load_with_their_types(data: dict[str, object], values: dict[str, Any]) -> None:
+    loaded = load_strict(Example, data, "x.yaml")
+    assert loaded == values and all(type(loaded[k]) is type(v) for k, v in values.items())
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([1, 2], "x.yaml: expected a mapping of keys, got list"),
+        ({"cont": 1}, "x.yaml: unknown key(s) cont; allowed: count, mode, rate, share"),
+        ({"count": True}, "x.yaml: count must be an integer >= 1"),
+        ({"count": 0}, "x.yaml: count must be an integer >= 1"),
+        ({"count": 1.5}, "x.yaml: count must be an integer >= 1"),
+        ({"share": 0}, "x.yaml: share must be a number > 0"),
+        ({"share": None}, "x.yaml: share must be a number > 0"),
+        ({"rate": "fast"}, "x.yaml: rate must be a number > 0, inf or null"),
+        ({"mode": "c"}, "x.yaml: mode must be one of a, b"),
+    ],
+)
+def test_bad_values_name_the_key_and_what_it_accepts(data: object, message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        load_strict(Example, data, "x.yaml")
+    assert str(caught.value) == message
+
+
+def test_reference_lists_every_key_with_its_rule_and_default() -> None:
+    text = reference(Example)
+    assert "count: an integer >= 1  [default: 1]\n    How many." in text
+    assert "rate: a number > 0, inf or null  [default: null]" in text
+
+
+def test_ab_test_help_prints_the_workload_spec_reference() -> None:
+    result = CliRunner().invoke(main, ["ab-test", "--help"])
+    assert result.exit_code == 0
+    for field in dataclasses.fields(WorkloadSpec):
+        assert f"\n    {field.name}: " in result.output
+
+
+def test_profiles_are_strict_and_sim_help_prints_their_reference(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text(
+        "kind: storage\nread_bandwidth_gb_s: 10\nwrite_bandwidth_gb_s: 9\nio_latency_us: 5\n"
+        "capacity_gb: null\nread_bandwith_gb_s: 20\n"
+    )
+    with pytest.raises(ProfileError, match="unknown key\\(s\\) read_bandwith_gb_s"):
+        load_storage(str(path))
+    path.write_text(path.read_text().replace("read_bandwith_gb_s: 20", "io_latency_us: -1"))
+    with pytest.raises(ProfileError, match="io_latency_us must be a number >= 0"):
+        load_storage(str(path))
+    result = CliRunner().invoke(main, ["sim", "--help"])
+    for cls in (GpuProfile, ModelProfile, StorageProfile):
+        for field in dataclasses.fields(cls):
+            assert f"\n      {field.name}: " in result.output
+
+
+def test_a_share_above_one_is_refused() -> None:
+    @dataclass(frozen=True)
+    class Share:
+        mfu: float = spec_field(above=0, maximum=1, help="A share.")
+
+    assert load_strict(Share, {"mfu": 1}, "s") == {"mfu": 1.0}
+    with pytest.raises(ValueError, match="mfu must be a number > 0 <= 1"):
+        load_strict(Share, {"mfu": 1.5}, "s")
+    with pytest.raises(ValueError, match="s: missing field 'mfu'"):
+        load_strict(Share, {}, "s")
