@@ -105,6 +105,7 @@ SHOW_GIDS = "show_gids"
 NVIDIA_SMI_TOPO = "nvidia_smi_topo"
 IP_ADDR = "ip_addr"
 MOUNTS = "mounts"
+MOUNTSTATS = "mountstats"
 CMDLINE = "cmdline"
 IOMMU = "iommu"
 PCI_ACS = "pci_acs"
@@ -173,6 +174,7 @@ ITEM_SOURCES: dict[str, str] = {
         "back to ['ip', '-o', 'addr', 'show'] (one line per address). Both are parsed."
     ),
     MOUNTS: "file /proc/mounts (parsed by kvops.parse.mounts).",
+    MOUNTSTATS: "file /proc/self/mountstats (pNFS layout per NFS mount; kvops.parse.mountstats).",
     CMDLINE: "file /proc/cmdline (intel_iommu=, amd_iommu=, iommu=pt ...).",
     IOMMU: (
         "sysfs /sys/kernel/iommu_groups; data = {'group_count': int, 'types': {'identity': "

@@ -28,6 +28,7 @@ class Rule:
     help: str
     minimum: float | None = None
     above: float | None = None  # strictly greater than this
+    maximum: float | None = None
     choices: tuple[str, ...] = ()
     inf_ok: bool = False  # the string "inf" reads as math.inf
 
@@ -56,6 +57,7 @@ def _describe(kind: type, nullable: bool, rule: Rule) -> str:
     elif kind is float:
         text = "a number" + (f" > {rule.above:g}" if rule.above is not None else "")
         text += f" >= {rule.minimum:g}" if rule.minimum is not None else ""
+        text += f" <= {rule.maximum:g}" if rule.maximum is not None else ""
         text += ", inf" if rule.inf_ok else ""
     else:
         text = "a string"
@@ -82,12 +84,15 @@ def _value(name: str, value: Any, kind: type, nullable: bool, rule: Rule) -> Any
         raise wrong
     if rule.above is not None and value <= rule.above:
         raise wrong
+    if rule.maximum is not None and value > rule.maximum:
+        raise wrong
     return kind(value)
 
 
 def load_strict(cls: type[T], data: Any, source: str) -> dict[str, Any]:
     """The checked keyword arguments of `cls` from a YAML mapping. Raises ValueError naming
-    `source` and the key: not a mapping, unknown keys (with the allowed ones), a wrong value."""
+    `source` and the key: not a mapping, unknown keys (with the allowed ones), missing keys
+    (fields without a default), a wrong value."""
     if not isinstance(data, dict):
         raise ValueError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
@@ -96,6 +101,14 @@ def load_strict(cls: type[T], data: Any, source: str) -> dict[str, Any]:
         raise ValueError(
             f"{source}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(fields))}"
         )
+    missing = [
+        name
+        for name, f in fields.items()
+        if name not in data and f.default is _MISSING and f.default_factory is _MISSING
+    ]
+    if missing:
+        more = f" (and {', '.join(missing[1:])})" if len(missing) > 1 else ""
+        raise ValueError(f"{source}: missing field '{missing[0]}'{more}")
     hints = typing.get_type_hints(cls)
     values = {}
     for key, value in data.items():

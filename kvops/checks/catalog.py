@@ -391,6 +391,13 @@ _ROWS += [  # The ONTAP side (`kvops validate --ontap`, kvops/checks/ontap.py).
         "Grow the volume (ontap_export_size_gib) or clear old KV chunks: LMCache's GDS backend "
         "never evicts.",
     ),
+    (
+        "ONT-040",
+        "ontap",
+        "Host mount uses pNFS when the SVM offers it",
+        "Mount with vers=4.1 after pNFS is enabled (remount: layouts are negotiated at mount), "
+        "on a kernel with the NFSv4.1 files layout driver (nfs_layout_nfsv41_files).",
+    ),
 ]
 
 CATALOG: dict[str, CheckInfo] = {row[0]: CheckInfo(*row) for row in _ROWS}

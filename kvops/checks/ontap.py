@@ -22,6 +22,8 @@ from typing import Any
 from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, Thresholds, finding
 from kvops.checks.rdma_mount import gds_mount, mount_line
+from kvops.evidence import MOUNTSTATS, item_text
+from kvops.parse.mountstats import NOT_CONFIGURED, pnfs_layouts
 
 Version = tuple[int, int, int]
 
@@ -51,6 +53,8 @@ class HostMount:
     nfs_version: str  # "3", "4.0", "4.1", "4.2"
     client_address: str  # the mount's clientaddr=, else the inventory's storage address
     line: str
+    mount_point: str = ""
+    pnfs_layout: str | None = None  # `pnfs=` in /proc/self/mountstats; None = not recorded
 
 
 def _vtext(version: Version) -> str:
@@ -84,6 +88,10 @@ def host_mount(document: Mapping[str, Any], storage_address: str = "") -> HostMo
         nfs_version=normalise_nfs_version(mount.nfs_version),
         client_address=str(mount.options.get("clientaddr") or storage_address),
         line=mount_line(mount),
+        mount_point=mount.mount_point,
+        pnfs_layout=pnfs_layouts(item_text(dict(document), MOUNTSTATS) or "").get(
+            mount.mount_point
+        ),
     )
 
 
@@ -325,6 +333,25 @@ def check_junction(ontap: Mapping[str, Any], mount: HostMount) -> Finding:
     return finding("ONT-030", Severity.FAIL, msg, mount.line)
 
 
+def check_pnfs(ontap: Mapping[str, Any], mount: HostMount) -> Finding:
+    """With pNFS on the SVM, each host should read from the node owning the data: its
+    mountstats then name a layout driver instead of `pnfs=not configured`."""
+    service = ontap.get("nfs_service") or {}
+    features = (service.get("protocol") or {}).get("v41_features") or {}
+    if features.get("pnfs_enabled") is not True:
+        return finding("ONT-040", Severity.SKIP, f"pNFS is off on SVM {ontap.get('svm')}")
+    if mount.nfs_version not in ("4.1", "4.2"):
+        msg = f"pNFS is on, but NFS {mount.nfs_version} has no pNFS: mount vers=4.1"
+        return finding("ONT-040", Severity.WARN, msg, mount.line)
+    if mount.pnfs_layout is None:
+        msg = f"no pnfs= for {mount.mount_point} in /proc/self/mountstats (older probe?)"
+        return finding("ONT-040", Severity.SKIP, msg)
+    if mount.pnfs_layout == NOT_CONFIGURED:
+        msg = f"{mount.mount_point}: pnfs=not configured: all IO goes through the metadata node"
+        return finding("ONT-040", Severity.WARN, msg, mount.line)
+    return finding("ONT-040", Severity.PASS, f"{mount.mount_point}: pnfs={mount.pnfs_layout}")
+
+
 def judge_ontap(
     ontap: Mapping[str, Any],
     host_documents: Iterable[Mapping[str, Any]],
@@ -346,10 +373,12 @@ def judge_ontap(
                 check_host_lif(ontap, found),
                 check_export(ontap, found),
                 check_junction(ontap, found),
+                check_pnfs(ontap, found),
             ]
         else:
             per_host[host] = [
-                finding(cid, Severity.SKIP, found) for cid in ("ONT-011", "ONT-020", "ONT-030")
+                finding(cid, Severity.SKIP, found)
+                for cid in ("ONT-011", "ONT-020", "ONT-030", "ONT-040")
             ]
     version = cluster_version(ontap)
     read = finding(

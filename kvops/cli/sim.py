@@ -19,7 +19,13 @@ from kvops.cli.group import KvopsGroup
 from kvops.errors import KvopsError
 from kvops.sim.lmcache_config import LMCacheConfigError, LMCacheSettings, load_lmcache_settings
 from kvops.sim.model import EngineSettings, build_engine
-from kvops.sim.profiles import ProfileError, load_gpu, load_model, load_storage
+from kvops.sim.profiles import (
+    ProfileError,
+    load_gpu,
+    load_model,
+    load_storage,
+    profile_reference,
+)
 from kvops.sim.seed_workloads import SeedShape
 
 
@@ -72,7 +78,13 @@ def _offload_settings(kv_transfer_config: str | None) -> tuple[bool, LMCacheSett
     return True, settings
 
 
-@click.group(cls=KvopsGroup)
+PROFILE_REFERENCE = (
+    "\b\nProfile files (--gpu/--model/--storage PATH.yaml; strict: unknown, missing and bad keys "
+    "are errors):\n" + "\n".join("  " + line for line in profile_reference().splitlines()) + "\n"
+)
+
+
+@click.group(cls=KvopsGroup, epilog=PROFILE_REFERENCE)
 def sim() -> None:
     """The simulated vLLM + LMCache engine (physics-based; no GPU needed)."""
 

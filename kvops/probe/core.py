@@ -154,7 +154,7 @@ class Probe:
             limit = min(timeout_s or self.command_timeout_s, max(self.remaining(), 0.5))
             item.update(self._run(item["source"], limit, extra_env, as_user, cwd))
             if as_user:
-                item["run_as"] = as_user
+                item["run_as"] = _effective_user(as_user)
         item["duration_s"] = round(time.monotonic() - start, 4)
         if record:
             self.items[item_id] = item
@@ -318,6 +318,18 @@ def user_can_read(path: str, user: Optional[str]) -> Optional[str]:
     else:
         ok = bool(st.st_mode & 0o004)
     return None if ok else "%s is not readable by the service user %s: not read" % (path, user)
+
+
+def _effective_user(wanted: str) -> str:
+    """Who a tool asked to run as `wanted` really ran as: an unprivileged probe cannot switch,
+    and the evidence must say so rather than name a user that did not run it."""
+    if os.geteuid() == 0:
+        return wanted
+    try:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        me = str(os.geteuid())
+    return wanted if me == wanted else "%s (not %s: the probe is not root)" % (me, wanted)
 
 
 def privilege_drop(user: str) -> Optional[Callable[[], None]]:

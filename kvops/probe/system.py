@@ -34,6 +34,7 @@ def collect_platform(p: Probe) -> None:
     p.command("show_gids", ["show_gids"])
     ip_addr(p)
     p.file("mounts", "/proc/mounts")
+    p.file("mountstats", "/proc/self/mountstats")  # pNFS layout in use (validate --ontap)
     p.file("cmdline", "/proc/cmdline")
     iommu(p)
     pci_acs(p)

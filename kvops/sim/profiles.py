@@ -8,7 +8,6 @@ its public source in a comment: the simulator's costs come from these numbers an
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -16,6 +15,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from kvops.errors import KvopsError
+from kvops.schema import load_strict, reference, spec_field
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 Kind = Literal["gpu", "model", "storage"]
@@ -25,33 +25,50 @@ class ProfileError(KvopsError, ValueError):
     """A profile name that is not known, or a profile file that is malformed."""
 
 
+def _positive(text: str) -> Any:
+    return spec_field(above=0, help=text)
+
+
+def _count(text: str) -> Any:
+    return spec_field(minimum=1, help=text)
+
+
+def _share(text: str) -> Any:
+    return spec_field(above=0, maximum=1, help=text)
+
+
+_NAME = "Profile name [default: the file name without .yaml]."
+
+
 @dataclass(frozen=True)
 class GpuProfile:
-    name: str
-    memory_mib: float
-    hbm_bandwidth_gb_s: float
-    bf16_dense_tflops: float
-    prefill_mfu: float
-    hbm_efficiency: float
-    step_overhead_ms: float
-    runtime_overhead_gib: float
+    name: str = spec_field(help=_NAME)
+    memory_mib: float = _positive("GPU memory, MiB (as nvidia-smi reports the total).")
+    hbm_bandwidth_gb_s: float = _positive("HBM bandwidth, GB/s (datasheet).")
+    bf16_dense_tflops: float = _positive("Dense bf16 tensor throughput, TFLOP/s (datasheet).")
+    prefill_mfu: float = _share("Share of that peak prefill reaches end to end.")
+    hbm_efficiency: float = _share("Share of HBM bandwidth decode reaches.")
+    step_overhead_ms: float = spec_field(minimum=0, help="Fixed CPU time per engine step, ms.")
+    runtime_overhead_gib: float = spec_field(
+        minimum=0, help="Memory the KV cache cannot use beyond weights, GiB."
+    )
 
 
 @dataclass(frozen=True)
 class ModelProfile:
-    name: str
-    hf_name: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    params_b: float
-    vocab_size: int
-    max_position: int
-    dtype: str
-    dtype_bytes: int
+    name: str = spec_field(help=_NAME)
+    hf_name: str = spec_field(help="Hugging Face model id (the served model name).")
+    num_layers: int = _count("num_hidden_layers of config.json.")
+    hidden_size: int = _count("hidden_size of config.json.")
+    num_attention_heads: int = _count("num_attention_heads of config.json.")
+    num_kv_heads: int = _count("num_key_value_heads of config.json.")
+    head_dim: int = _count("Head dimension (hidden_size / num_attention_heads).")
+    intermediate_size: int = _count("intermediate_size of config.json.")
+    params_b: float = _positive("Parameters, billions (model card).")
+    vocab_size: int = _count("vocab_size of config.json.")
+    max_position: int = _count("max_position_embeddings of config.json.")
+    dtype: str = spec_field(help="Weights and KV dtype, e.g. bfloat16.")
+    dtype_bytes: int = _count("Bytes per element of that dtype.")
 
     def kv_bytes_per_token(self) -> int:
         """K and V for every layer and KV head, whole model (all tensor-parallel ranks)."""
@@ -60,11 +77,11 @@ class ModelProfile:
 
 @dataclass(frozen=True)
 class StorageProfile:
-    name: str
-    read_bandwidth_gb_s: float
-    write_bandwidth_gb_s: float
-    io_latency_us: float
-    capacity_gb: float | None
+    name: str = spec_field(help=_NAME)
+    read_bandwidth_gb_s: float = _positive("Usable read bandwidth of the GDS path, GB/s.")
+    write_bandwidth_gb_s: float = _positive("Usable write bandwidth, GB/s.")
+    io_latency_us: float = spec_field(minimum=0, help="Round trip added per chunk I/O, us.")
+    capacity_gb: float | None = spec_field(above=0, help="Capacity, GB (null: no cap).")
 
 
 P = TypeVar("P", GpuProfile, ModelProfile, StorageProfile)
@@ -95,27 +112,20 @@ def known_names(kind: Kind) -> list[str]:
 
 
 def _build(cls: type[P], path: Path, data: dict[str, Any]) -> P:
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name == "name":
-            values["name"] = str(data.get("name", path.stem))
-            continue
-        if f.name not in data:
-            raise ProfileError(f"{path}: missing field '{f.name}'")
-        value = data[f.name]
-        want = str(f.type)
-        try:
-            if value is None and "None" in want:
-                values[f.name] = None
-            elif want.startswith("int"):
-                values[f.name] = int(value)
-            elif want.startswith("float"):
-                values[f.name] = float(value)
-            else:
-                values[f.name] = str(value)
-        except (TypeError, ValueError) as exc:
-            raise ProfileError(f"{path}: field '{f.name}' has a bad value {value!r}") from exc
-    return cls(**values)
+    fields = {key: value for key, value in data.items() if key != "kind"}
+    fields.setdefault("name", path.stem)
+    try:
+        return cls(**load_strict(cls, fields, str(path)))
+    except ValueError as exc:
+        raise ProfileError(str(exc)) from None
+
+
+def profile_reference() -> str:
+    """The keys of a profile file of each kind (`kind: gpu|model|storage` first)."""
+    return "\n".join(
+        f"kind: {kind}\n" + "\n".join("  " + ln for ln in reference(cls).splitlines())
+        for kind, cls in _CLASSES.items()
+    )
 
 
 def load_profile(kind: Kind, name_or_path: str) -> Any:

@@ -36,6 +36,7 @@ def fresh_state() -> dict[str, Any]:
     nfs = state["protocols/nfs/services"][0]
     nfs["transport"]["rdma_enabled"] = False
     nfs["protocol"]["v40_enabled"] = False
+    nfs["protocol"]["v41_features"]["pnfs_enabled"] = False
     for lif in state["network/ip/interfaces"]:
         lif["rdma_protocols"] = []
     return state  # type: ignore[no-any-return]

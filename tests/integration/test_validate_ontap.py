@@ -48,6 +48,14 @@ def host_document(host: str, client: str, vers: str = "4.1") -> dict[str, Any]:
         f"192.168.10.101:/kvcache /mnt nfs4 {MOUNT_OPTIONS.format(vers=vers, client=client)} 0 0\n"
     )
     doc["items"]["mounts"] = file_item("/proc/mounts", line)
+    # /proc/self/mountstats block in the kernel's format (fs/nfs/super.c nfs_show_stats).
+    stats = (
+        "device 192.168.10.101:/kvcache mounted on /mnt with fstype nfs4 statvers=1.1\n"
+        f"\topts:\t{MOUNT_OPTIONS.format(vers=vers, client=client)}\n"
+        "\tnfsv4:\tbm0=0xfdffbfff,bm1=0x40f9be3e,bm2=0x803,acl=0x3,sessions,"
+        "pnfs=LAYOUT_NFSV4_1_FILES,lease_time=90,lease_expired=0\n"
+    )
+    doc["items"]["mountstats"] = file_item("/proc/self/mountstats", stats, synthetic=True)
     doc["host"] = host
     return doc
 
@@ -116,7 +124,7 @@ def test_good_cluster_passes_every_check(pki: DoublePki) -> None:
         "ONT-031",
         "ONT-010",
     ]
-    assert [cid for cid, _, _ in findings["gpu-02"]] == ["ONT-011", "ONT-020", "ONT-030"]
+    assert [cid for cid, _, _ in findings["gpu-02"]] == ["ONT-011", "ONT-020", "ONT-030", "ONT-040"]
     # 9.15.1 has no volume `nodes` field: the owning node came through the aggregate.
     assert evidence["volume_nodes"] == ["kv-01"]
     assert evidence["volume_nodes_source"] == "the volume's aggregates"

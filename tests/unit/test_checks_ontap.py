@@ -14,9 +14,11 @@ from kvops.checks.ontap import (
     HostMount,
     check_export,
     check_nfs_versions,
+    check_pnfs,
     host_mount,
     judge_ontap,
 )
+from kvops.parse.mountstats import pnfs_layouts
 
 
 def mount(version: str = "4.1", client: str = "10.1.2.3") -> HostMount:
@@ -84,3 +86,29 @@ def test_an_nfsv3_mount_without_clientaddr_uses_the_inventory_storage_address() 
 def test_a_host_not_probed_skips_its_ontap_checks_instead_of_failing_them() -> None:
     findings = judge_ontap(ontap([]), [{"host": "gpu-09", "error": "unreachable"}])
     assert {str(f.severity) for f in findings["gpu-09"]} == {"SKIP"}
+
+
+MOUNTSTATS = (  # the kernel's format (fs/nfs/super.c nfs_show_stats), two NFSv4.1 mounts
+    "device 192.168.10.101:/kvcache mounted on /mnt with fstype nfs4 statvers=1.1\n"
+    "\topts:\trw,vers=4.1,proto=rdma\n"
+    "\tnfsv4:\tbm0=0xfdffbfff,bm1=0x40f9be3e,bm2=0x803,acl=0x3,sessions,pnfs=not configured\n"
+    "device 192.168.10.102:/other mounted on /data with fstype nfs4 statvers=1.1\n"
+    "\tnfsv4:\tbm0=0xfdffbfff,acl=0x3,sessions,pnfs=LAYOUT_NFSV4_1_FILES,lease_time=90\n"
+)
+
+
+def test_pnfs_layouts_per_mount_point() -> None:
+    assert pnfs_layouts(MOUNTSTATS) == {"/mnt": "not configured", "/data": "LAYOUT_NFSV4_1_FILES"}
+
+
+def test_a_mount_without_pnfs_warns_when_the_svm_offers_it() -> None:
+    cluster = {
+        "svm": "svm_kv",
+        "nfs_service": {"protocol": {"v41_features": {"pnfs_enabled": True}}},
+    }
+    on_mnt = HostMount("gpu-01", "a", "/kvcache", "4.1", "c", "line", "/mnt", "not configured")
+    assert str(check_pnfs(cluster, on_mnt).severity) == "WARN"
+    on_v3 = HostMount("gpu-01", "a", "/kvcache", "3", "c", "line", "/mnt", None)
+    assert "NFS 3 has no pNFS" in check_pnfs(cluster, on_v3).message
+    cluster["nfs_service"] = {"protocol": {"v41_features": {"pnfs_enabled": False}}}
+    assert str(check_pnfs(cluster, on_mnt).severity) == "SKIP"

@@ -314,3 +314,22 @@ def test_files_the_service_names_are_read_only_if_the_service_could(tmp_path: Pa
     assert "stdout" not in item
     secret.chmod(0o644)
     assert probe.file("lmcache_config", str(secret), readable_by="nobody")["error"] is None
+
+
+def test_an_unprivileged_probe_says_who_really_ran_the_bench(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kvops.probe import core
+
+    monkeypatch.setattr(core.os, "geteuid", lambda: pwd.getpwnam("nobody").pw_uid)
+    assert core._effective_user("vllm") == "nobody (not vllm: the probe is not root)"
+    assert core._effective_user("nobody") == "nobody"
+    assert core.privilege_drop("vllm" if _has_user("vllm") else "root") is None
+
+
+def _has_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True

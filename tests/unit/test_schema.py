@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,13 @@ from click.testing import CliRunner
 
 from kvops.cli import main
 from kvops.schema import load_strict, reference, spec_field
+from kvops.sim.profiles import (
+    GpuProfile,
+    ModelProfile,
+    ProfileError,
+    StorageProfile,
+    load_storage,
+)
 from kvops.workload.spec import WorkloadSpec
 
 
@@ -68,3 +76,32 @@ def test_ab_test_help_prints_the_workload_spec_reference() -> None:
     assert result.exit_code == 0
     for field in dataclasses.fields(WorkloadSpec):
         assert f"\n    {field.name}: " in result.output
+
+
+def test_profiles_are_strict_and_sim_help_prints_their_reference(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text(
+        "kind: storage\nread_bandwidth_gb_s: 10\nwrite_bandwidth_gb_s: 9\nio_latency_us: 5\n"
+        "capacity_gb: null\nread_bandwith_gb_s: 20\n"
+    )
+    with pytest.raises(ProfileError, match="unknown key\\(s\\) read_bandwith_gb_s"):
+        load_storage(str(path))
+    path.write_text(path.read_text().replace("read_bandwith_gb_s: 20", "io_latency_us: -1"))
+    with pytest.raises(ProfileError, match="io_latency_us must be a number >= 0"):
+        load_storage(str(path))
+    result = CliRunner().invoke(main, ["sim", "--help"])
+    for cls in (GpuProfile, ModelProfile, StorageProfile):
+        for field in dataclasses.fields(cls):
+            assert f"\n      {field.name}: " in result.output
+
+
+def test_a_share_above_one_is_refused() -> None:
+    @dataclass(frozen=True)
+    class Share:
+        mfu: float = spec_field(above=0, maximum=1, help="A share.")
+
+    assert load_strict(Share, {"mfu": 1}, "s") == {"mfu": 1.0}
+    with pytest.raises(ValueError, match="mfu must be a number > 0 <= 1"):
+        load_strict(Share, {"mfu": 1.5}, "s")
+    with pytest.raises(ValueError, match="s: missing field 'mfu'"):
+        load_strict(Share, {}, "s")
