@@ -39,6 +39,10 @@ DOCA_VERSIONS = {"kvlab-1": "3.1.0-1", "kvlab-2": DOCA_VERSION}
 
 _RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$", re.MULTILINE)
 _converged: dict[int, subprocess.CompletedProcess[str]] = {}
+# The test doubles' call logs as the first converge left them, per (slot, host, double): later
+# tests on the same hosts (e.g. validate's unloaded rpcrdma) add their own calls to the logs.
+_converge_logs: dict[tuple[int, str, str], list[str]] = {}
+CONVERGE_LOGGED_DOUBLES = ("modprobe", "nvidia-smi", "ibv_devices", "modinfo")
 
 
 def converge_hosts(lab: LabHosts) -> list[str]:
@@ -77,9 +81,19 @@ def converged(lab: LabHosts) -> subprocess.CompletedProcess[str]:
     """The first converge of this lab (run once per session); asserts it succeeded."""
     if lab.slot not in _converged:
         _converged[lab.slot] = run_site(lab)
+        for host in converge_hosts(lab):
+            for double in CONVERGE_LOGGED_DOUBLES:
+                _converge_logs[(lab.slot, host, double)] = lab.doubles_log(host, double)
     proc = _converged[lab.slot]
     assert proc.returncode == 0, explain(proc)
     return proc
+
+
+def converge_log(lab: LabHosts, host: str, double: str) -> list[str]:
+    """The calls of one test double (one of ``CONVERGE_LOGGED_DOUBLES``) made up to the end of
+    the first converge, whatever later tests did on the host."""
+    converged(lab)
+    return _converge_logs[(lab.slot, host, double)]
 
 
 def changed_tasks(proc: subprocess.CompletedProcess[str], host: str) -> list[str]:

@@ -1,10 +1,11 @@
-"""testinfra after site.yml: modprobe.d and modules-load.d files, the modprobe calls in order."""
+"""testinfra after site.yml: modprobe.d and modules-load.d files, the modprobe calls in order
+(as the converge made them: later tests add their own calls to the doubles' logs)."""
 
 from __future__ import annotations
 
 import pytest
 from lab_harness import LabHosts
-from site_lab import STACK, converged
+from site_lab import STACK, converge_log, converged
 
 
 @pytest.fixture(params=sorted(STACK))
@@ -39,7 +40,7 @@ def test_nvidia_fs_loads_at_boot_with_its_options(lab: LabHosts, name: str) -> N
 
 
 def test_modprobe_calls_load_driver_then_rdma_then_nvidia_fs(lab: LabHosts, name: str) -> None:
-    calls = lab.doubles_log(name, "modprobe")
+    calls = converge_log(lab, name, "modprobe")
     assert calls, "the roles never called modprobe"
     assert not any(c.split()[0] in ("-r", "--remove") for c in calls), calls
     first = {m: calls.index(m) for m in ("nvidia", "rpcrdma", "nvidia_fs")}
@@ -54,6 +55,6 @@ def test_the_modules_are_loaded(lab: LabHosts, name: str) -> None:
 
 
 def test_the_roles_verified_the_hardware_through_its_commands(lab: LabHosts, name: str) -> None:
-    assert any("--query-gpu=" in c for c in lab.doubles_log(name, "nvidia-smi"))
-    assert lab.doubles_log(name, "ibv_devices")
-    assert any("license" in c and "nvidia" in c for c in lab.doubles_log(name, "modinfo"))
+    assert any("--query-gpu=" in c for c in converge_log(lab, name, "nvidia-smi"))
+    assert converge_log(lab, name, "ibv_devices")
+    assert any("license" in c and "nvidia" in c for c in converge_log(lab, name, "modinfo"))
