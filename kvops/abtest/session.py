@@ -119,8 +119,9 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
                 interrupted = exp.interrupted
     except KeyboardInterrupt:
         interrupted = True
-    status = "interrupted" if interrupted else "complete"
-    results = build_results(run_dir, slo=req.slo, status=status, warnings=warnings)
+    results = build_results(
+        run_dir, slo=req.slo, status="interrupted" if interrupted else "complete", warnings=warnings
+    )
     write_reports(run_dir.path, results.doc, results.measured)
     return Outcome(results, interrupted, warnings)
 

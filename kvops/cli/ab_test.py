@@ -266,20 +266,18 @@ def ab_test(**kw: Any) -> RC:
     )
     with progress:
         outcome = run_ab_test(req, hooks)
-    doc = outcome.results.doc
+    results = outcome.results.doc
     if args.as_json:
-        import json
-
-        click.echo(json.dumps(doc, indent=2))
-        render_table(doc, Console(stderr=True, width=None if sys.stderr.isatty() else 120))
+        click.echo(results.to_text(), nl=False)
+        render_table(results, Console(stderr=True, width=None if sys.stderr.isatty() else 120))
     else:
-        render_table(doc, out)
+        render_table(results, out)
     err.print(
         f"[dim]run directory: {req.out} (results.json, report.md, report.html, records.jsonl)[/]"
     )
     if outcome.interrupted:
         return RC.INTERRUPTED
-    return RC.FAIL if outcome.results.any_errors else RC.OK
+    return RC.FAIL if results.any_errors else RC.OK
 
 
 def auto_time_scale(scale: float) -> float:
