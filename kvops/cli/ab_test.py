@@ -20,6 +20,7 @@ from kvops.abtest.deploy import DeploySettings, deploy_arms
 from kvops.abtest.embedded import SimProfile
 from kvops.abtest.experiment import Hooks, Options
 from kvops.abtest.session import AbTestRequest, run_ab_test
+from kvops.cli.spec_help import workload_reference
 from kvops.errors import RC
 from kvops.lab.config import find_project_root
 from kvops.loadgen.record import RequestRecord
@@ -31,7 +32,6 @@ from kvops.workload.spec import (
     WorkloadSpec,
     load_preset,
     load_spec_file,
-    spec_reference,
 )
 
 EXAMPLES = """
@@ -50,11 +50,7 @@ Exit codes: 0 all requests succeeded; 1 some requests failed (counted per arm, r
 2 usage error or an arm unreachable at start; 130 interrupted (Ctrl-C; results still written).
 """
 
-WORKLOAD_REFERENCE = (
-    "\b\nWorkload spec (--workload FILE: YAML, strict: unknown keys and bad values are errors):\n"
-    + "\n".join("  " + line for line in spec_reference().splitlines())
-    + "\n"
-)
+WORKLOAD_REFERENCE = workload_reference("--workload FILE")
 
 
 def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> list[WorkloadSpec]:
