@@ -25,6 +25,14 @@ within a version):
       (an arm block also has engine_emission_lag_mean_ms when the arm is a simulated engine)
   model_prediction: {<scenario>: {<arm>: {total_token_throughput_tok_s, mean_ttft_ms,
                      mean_itl_ms}}}      (embedded engines only: the model in virtual time)
+  deploy: {limit, inventories, clear_gds_dir, extra_vars,            (--deploy runs only; redacted)
+           outcomes: [{index, arm, variant, status, rc, started_at, duration_s, changed_tasks,
+                       error}],
+           arms: {<arm>: {variant, deploys, failed, last_status,
+                          deployed: {<host>: {install_method, image, vllm_version,
+                                     lmcache_version_installed, lmcache_version_configured,
+                                     packages, service, lmcache_config, kv_transfer_config,
+                                     exec_start, environment}}}}}
   client: {dispatch_lag_mean_ms, dispatch_lag_p99_ms, dispatch_lag_max_ms, loop_lag_mean_ms,
            loop_lag_p99_ms, max_in_flight, workers, bottleneck, bottleneck_reason}
 """
@@ -39,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from kvops import __version__
+from kvops.abtest.deploy_summary import failed_deploy_detail, summarize_deploys
 from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.predict import fidelity_warnings, predict_run
 from kvops.abtest.rundir import RunDir
@@ -278,6 +287,15 @@ def build_results(
     broken = broken_arms(result.measured)
     if broken and status == "complete":
         status = "invalid"
+    deploy = (
+        summarize_deploys(run_dir.deploy_records(), run["deploy"], arm_names)
+        if run.get("deploy")
+        else None
+    )
+    stopped_at = failed_deploy_detail(deploy) if deploy else ""
+    if stopped_at:
+        broken.insert(0, f"stopped at a failed {stopped_at}")
+        status = "incomplete" if status == "complete" else status
     result.doc = {
         "schema_version": SCHEMA_VERSION,
         "kvops_version": __version__,
@@ -299,4 +317,6 @@ def build_results(
     }
     if prediction is not None:
         result.doc["model_prediction"] = prediction
+    if deploy is not None:
+        result.doc["deploy"] = deploy
     return result
