@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 
 import numpy as np
 
@@ -49,10 +50,12 @@ class ArmResult:
     e2e_sum_s: float = 0.0
     itl_count: int = 0
     ttft_s: list[float] = field(default_factory=list)
+    # Spans of earlier, separately replayed windows (see `merge`), added to the current one.
+    earlier_spans_s: float = 0.0
 
     @property
     def duration_s(self) -> float:
-        return max(0.0, self.last_finish_s - self.first_arrival_s)
+        return self.earlier_spans_s + max(0.0, self.last_finish_s - self.first_arrival_s)
 
     @property
     def total_token_throughput_tok_s(self) -> float:
@@ -124,6 +127,26 @@ class ArmResult:
         }
 
 
+def merge(name: str, parts: list[ArmResult]) -> ArmResult:
+    """Windows replayed apart, as one result: sums of tokens and times, the duration the sum of
+    the windows' own spans (first measured arrival to last measured finish in each)."""
+    out = ArmResult(name, num_gpu_blocks=parts[0].num_gpu_blocks if parts else 0)
+    for p in parts:
+        out.completed += p.completed
+        out.rejected += p.rejected
+        out.prompt_tokens += p.prompt_tokens
+        out.output_tokens += p.output_tokens
+        out.gpu_hit_tokens += p.gpu_hit_tokens
+        out.offload_hit_tokens += p.offload_hit_tokens
+        out.preemptions += p.preemptions
+        out.itl_sum_s += p.itl_sum_s
+        out.e2e_sum_s += p.e2e_sum_s
+        out.itl_count += p.itl_count
+        out.ttft_s += p.ttft_s
+        out.earlier_spans_s += p.duration_s
+    return out
+
+
 def run_arm(
     name: str,
     workload: Workload,
@@ -131,33 +154,46 @@ def run_arm(
     profiles: Profiles,
     settings: EngineSettings,
     progress: Progress | None = None,
+    warmup: int = 0,
+    preload_chunks: list[int] | None = None,
 ) -> ArmResult:
     """Replay every group of the workload through one engine; EngineError if the engine cannot
-    be built (e.g. no KV memory left)."""
+    be built (e.g. no KV memory left).
+
+    For a window cut out of a longer trace: the first `warmup` requests are replayed but not
+    counted (they bring the GPU prefix cache and the queue to the state the window starts in),
+    and `preload_chunks` are on the offload tier's persistent level from the start (what
+    requests before the warm-up stored; GDS never evicts)."""
     engine = build_engine(profiles.model, profiles.gpu, profiles.storage, settings)
+    if preload_chunks and engine.offload is not None:
+        engine.offload.preload(preload_chunks)
     result = ArmResult(name, num_gpu_blocks=engine.cache.num_blocks)
+    warm = {str(r.line) for r in islice(workload.requests(), warmup)}
     first = True
+    seen = 0
     for group in workload.groups:
         base_s = engine.now_s if group.closed else 0.0
         reqs = group.requests
-        if first and reqs:
-            result.first_arrival_s = base_s + reqs[0].arrival_s
+        if first and seen + len(reqs) > warmup:
+            result.first_arrival_s = base_s + reqs[max(0, warmup - seen)].arrival_s
             first = False
+        seen += len(reqs)
         i, n = 0, len(reqs)
         while True:
             if not engine.has_work():
                 if i == n:
                     break
-                i = _add(engine, reqs, i, base_s, builder, result, limit_s=None)
+                i = _add(engine, reqs, i, base_s, builder, result, limit_s=None, warm=warm)
                 continue
-            i = _add(engine, reqs, i, base_s, builder, result, engine.next_step_start_s())
+            i = _add(engine, reqs, i, base_s, builder, result, engine.next_step_start_s(), warm)
             step = engine.step()
             if step is None or not step.finished:
                 continue
-            for rec in step.finished:
+            counted = [rec for rec in step.finished if rec.request_id not in warm]
+            for rec in counted:
                 result.add(rec)
-            if progress is not None:
-                progress(len(step.finished))
+            if progress is not None and counted:
+                progress(len(counted))
     if progress is not None and result.rejected:
         progress(len(result.rejected))
     return result
@@ -171,6 +207,7 @@ def _add(
     builder: PromptBuilder,
     result: ArmResult,
     limit_s: float | None,
+    warm: set[str] | None = None,
 ) -> int:
     """Add requests from index i whose arrival is at or before `limit_s` (at least one when
     `limit_s` is None); returns the next index. Requests the engine refuses are recorded."""
@@ -178,12 +215,14 @@ def _add(
     while i < n and (limit_s is None or base_s + reqs[i].arrival_s <= limit_s):
         req = reqs[i]
         i += 1
+        counted = not warm or str(req.line) not in warm
         if req.prompt_len + req.output_tokens > engine.max_model_len:
             # Refused before its tokens are built: a bogus length must not allocate them.
-            result.rejected.append(
-                f"line {req.line}: {req.prompt_len} prompt + {req.output_tokens} output tokens "
-                f"exceed the model's maximum context length ({engine.max_model_len})"
-            )
+            if counted:
+                result.rejected.append(
+                    f"line {req.line}: {req.prompt_len} prompt + {req.output_tokens} output "
+                    f"tokens exceed the model's maximum context length ({engine.max_model_len})"
+                )
             if limit_s is None:
                 break
             continue
@@ -192,7 +231,8 @@ def _add(
         try:
             engine.add_request(model_req)
         except ValueError as exc:
-            result.rejected.append(f"line {req.line}: {exc}")
+            if counted:
+                result.rejected.append(f"line {req.line}: {exc}")
             continue
         if limit_s is None:
             break
