@@ -242,16 +242,18 @@ def analyse(
         m_all = plan.counted_requests
         bw = replay.run("baseline", profiles, base_settings, every, progress("baseline", m_all))
         ow = replay.run("offload", profiles, off_settings, every, progress("offload", m_all))
-        baseline, offload = merge("baseline", bw), merge("offload", ow)
+        share = m_all / n
+        baseline, offload = merge("baseline", bw, share), merge("offload", ow, share)
         sub = spread_indices(options.range_windows, count)
-        s_base = merge("baseline", [bw[k] for k in sub])
-        s_off = merge("offload", [ow[k] for k in sub])
-        half = {m: sampling_half_width_pct(bw, ow, m, delta_pct) for m, _ in METRICS}
-        sampling = Sampling(plan, sub, half)
+        sampling = Sampling(plan, sub, {})
         m = sampling.range_requests
+        s_base = merge("baseline", [bw[k] for k in sub], m / n)
+        s_off = merge("offload", [ow[k] for k in sub], m / n)
+        for metric, _ in METRICS:
+            sampling.half_width_pct[metric] = sampling_half_width_pct(bw, ow, metric, delta_pct)
 
         def part(name: str, p: Profiles, st: EngineSettings, what: str) -> ArmResult:
-            return merge(name, replay.run(name, p, st, sub, progress(what, m)))
+            return merge(name, replay.run(name, p, st, sub, progress(what, m)), m / n)
 
     else:
         reuse = measure_reuse(workload, builder, options.chunk_size)

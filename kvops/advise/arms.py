@@ -50,6 +50,7 @@ class ArmResult:
     e2e_sum_s: float = 0.0
     itl_count: int = 0
     ttft_s: list[float] = field(default_factory=list)
+    arrivals_s: list[float] = field(default_factory=list)  # of the requests in `ttft_s`
     # Spans of earlier, separately replayed windows (see `merge`), added to the current one.
     earlier_spans_s: float = 0.0
 
@@ -93,12 +94,17 @@ class ArmResult:
         times = rec.token_times_s
         if rec.first_token_s is not None:
             self.ttft_s.append(rec.first_token_s - rec.arrival_s)
+            self.arrivals_s.append(rec.arrival_s)
         if len(times) > 1:
             self.itl_sum_s += times[-1] - times[0]
             self.itl_count += len(times) - 1
         if rec.finish_s is not None:
             self.e2e_sum_s += rec.finish_s - rec.arrival_s
             self.last_finish_s = max(self.last_finish_s, rec.finish_s)
+
+    @property
+    def mean_e2e_s(self) -> float:
+        return self.e2e_sum_s / self.completed if self.completed else 0.0
 
     @property
     def mean_concurrency(self) -> float:
@@ -127,9 +133,27 @@ class ArmResult:
         }
 
 
-def merge(name: str, parts: list[ArmResult]) -> ArmResult:
-    """Windows replayed apart, as one result: sums of tokens and times, the duration the sum of
-    the windows' own spans (first measured arrival to last measured finish in each)."""
+def window_span_s(part: ArmResult) -> float:
+    """What one window adds to the duration of the whole trace it was cut from: its arrivals'
+    span (tiled: one mean gap added) plus how much longer its last arrivals waited for a first
+    token than its first ones (a growing queue, when the engine falls behind; negative when it
+    drains). A window's own last finish would add a tail the whole trace has only once."""
+    c = len(part.arrivals_s)
+    if c < 2:
+        return 0.0
+    order = np.argsort(part.arrivals_s, kind="stable")
+    arrivals = np.asarray(part.arrivals_s)[order]
+    ttft = np.asarray(part.ttft_s)[order]
+    q = max(1, c // 10)
+    growth_s = float(np.mean(ttft[-q:]) - np.mean(ttft[:q]))
+    return float(arrivals[-1] - arrivals[0]) * c / (c - 1) + growth_s
+
+
+def merge(name: str, parts: list[ArmResult], tail_share: float = 1.0) -> ArmResult:
+    """Windows replayed apart, as one result: sums of tokens and times. The duration is the
+    sum of the windows' spans (`window_span_s`) plus `tail_share` of one tail (the mean time in
+    system; the windows' share of the whole trace, whose last finish trails its last arrival
+    once)."""
     out = ArmResult(name, num_gpu_blocks=parts[0].num_gpu_blocks if parts else 0)
     for p in parts:
         out.completed += p.completed
@@ -143,7 +167,9 @@ def merge(name: str, parts: list[ArmResult]) -> ArmResult:
         out.e2e_sum_s += p.e2e_sum_s
         out.itl_count += p.itl_count
         out.ttft_s += p.ttft_s
-        out.earlier_spans_s += p.duration_s
+        out.arrivals_s += p.arrivals_s
+        out.earlier_spans_s += window_span_s(p)
+    out.earlier_spans_s += tail_share * out.mean_e2e_s
     return out
 
 

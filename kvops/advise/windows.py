@@ -201,7 +201,10 @@ def sampling_half_width_pct(
 ) -> float:
     """95% half-width of the offload-vs-baseline delta (percentage points) from the spread of
     the windows' own deltas: t x standard error of their mean."""
-    pcts = [delta(b.summary()[metric], o.summary()[metric]) for b, o in zip(base, off, strict=True)]
+    pcts = [
+        delta(merge("b", [b], 0.0).summary()[metric], merge("o", [o], 0.0).summary()[metric])
+        for b, o in zip(base, off, strict=True)
+    ]
     if len(pcts) < 2:
         return math.inf
     return t95(len(pcts) - 1) * float(np.std(pcts, ddof=1)) / math.sqrt(len(pcts))
