@@ -37,6 +37,15 @@ Schema (versioned; additions only within a version):
            bottleneck_reason}
   model_prediction: {<scenario>: {<arm>: {total_token_throughput_tok_s, mean_ttft_ms,
                      mean_itl_ms}}}      (embedded engines only: the model in virtual time)
+  deploy: {limit, inventories, clear_gds_dir, extra_vars,            (--deploy runs only; redacted)
+           outcomes: [{index, arm, variant, status, rc, started_at, duration_s, changed_tasks,
+                       error}],
+           arms: {<arm>: {variant, deploys, failed, last_status,
+                          deployed: {<host>: {install_method, image, vllm_version,
+                                     lmcache_version_installed, lmcache_version_configured,
+                                     packages, service, lmcache_config, kv_transfer_config,
+                                     exec_start, environment}}}}}
+           (built by kvops.abtest.deploy_summary and carried here as that JSON, not yet typed)
 """
 
 from __future__ import annotations
@@ -370,6 +379,8 @@ class PredictedFigures:
 
 
 Prediction = dict[str, dict[str, PredictedFigures]]  # scenario -> arm -> figures
+# `ab-test --deploy`'s record of what each arm's deploys put on the host (see the schema above)
+DeploySummary = dict[str, Any]
 
 
 @dataclass
@@ -387,6 +398,7 @@ class RunResults:
     scenarios: dict[str, ScenarioResult]
     client: ClientHealth
     model_prediction: Prediction | None = None  # embedded engines only
+    deploy: DeploySummary | None = None  # --deploy runs only
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -425,6 +437,8 @@ class RunResults:
                 sc: {arm: f.to_json() for arm, f in arms.items()}
                 for sc, arms in self.model_prediction.items()
             }
+        if self.deploy is not None:
+            d["deploy"] = self.deploy
         return d
 
     def to_text(self) -> str:
@@ -440,7 +454,8 @@ class RunResults:
                 f"results document: schema_version {d.get('schema_version')!r}; this kvops "
                 f"reads {SCHEMA_VERSION}"
             )
-        d = _exact(d, _names(cls, skip=("model_prediction",)), "top level", ("model_prediction",))
+        optional = ("model_prediction", "deploy")
+        d = _exact(d, _names(cls, skip=optional), "top level", optional)
         prediction = d.get("model_prediction")
         return cls(
             kvops_version=d["kvops_version"],
@@ -461,6 +476,7 @@ class RunResults:
                 sc: {arm: PredictedFigures.from_json(f) for arm, f in arms.items()}
                 for sc, arms in prediction.items()
             },
+            deploy=d.get("deploy"),
             schema_version=d["schema_version"],
         )
 

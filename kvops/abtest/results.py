@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from kvops import __version__
+from kvops.abtest.deploy_summary import failed_deploy_detail, summarize_deploys
 from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.predict import fidelity_warnings, predict_run
 from kvops.abtest.rundir import RunDir
@@ -250,6 +251,15 @@ def build_results(
     broken = broken_arms(measured)
     if broken and status == "complete":
         status = "invalid"
+    deploy = (
+        summarize_deploys(run_dir.deploy_records(), run["deploy"], arm_names)
+        if run.get("deploy")
+        else None
+    )
+    stopped_at = failed_deploy_detail(deploy) if deploy else ""
+    if stopped_at:
+        broken.insert(0, f"stopped at a failed {stopped_at}")
+        status = "incomplete" if status == "complete" else status
     results = RunResults(
         kvops_version=__version__,
         status=status,
@@ -262,5 +272,6 @@ def build_results(
         scenarios=scenarios,
         client=client_summary(run_dir, records),
         model_prediction=prediction,
+        deploy=deploy,
     )
     return ResultSet(results, measured)

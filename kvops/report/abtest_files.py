@@ -1,8 +1,9 @@
 """results.json, report.md and report.html for an ab-test run.
 
 The Markdown and HTML carry the same content (HTML is for sharing with people who will not open
-a .md): verdicts, every compared metric with its 95% CI, the arms' self-descriptions, the
-warnings and the client's health, with the plots beside them.
+a .md): verdicts, every compared metric with its 95% CI, the arms' self-descriptions, with
+--deploy what each arm's deploys put on the host, the warnings and the client's health, with the
+plots beside them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import html
 from pathlib import Path
 
 from kvops.loadgen.record import RequestRecord
+from kvops.report.abtest_deploy import deploy_html, deploy_markdown
 from kvops.report.abtest_plots import write_plots
 from kvops.report.abtest_table import fmt_num, fmt_pct, protocol_line
 from kvops.result_types import RunResults
@@ -62,6 +64,8 @@ def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:
     )
     out = ["# kvops ab-test report", "", status, "", "## Arms", ""]
     out += [f"- {line}" for line in _arm_lines(doc)]
+    if doc.deploy:
+        out += ["", *deploy_markdown(doc.deploy)]
     if doc.warnings:
         out += ["", "## Warnings", ""] + [f"- {w}" for w in doc.warnings]
     for name, sc in doc.scenarios.items():
@@ -101,6 +105,8 @@ def to_html(doc: RunResults, plots: list[Path], note: str | None) -> str:
         *[f"<li>{e(line)}</li>" for line in _arm_lines(doc)],
         "</ul>",
     ]
+    if doc.deploy:
+        parts += deploy_html(doc.deploy)
     if doc.warnings:
         parts += ["<h2>Warnings</h2><ul>", *[f"<li>{e(w)}</li>" for w in doc.warnings], "</ul>"]
     for name, sc in doc.scenarios.items():

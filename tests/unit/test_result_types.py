@@ -99,3 +99,12 @@ def test_a_document_kvops_did_not_write_is_refused_by_name(
 def test_not_json_is_a_results_format_error() -> None:
     with pytest.raises(ResultsFormatError, match="not JSON"):
         RunResults.from_text("{")
+
+
+def test_a_deploy_summary_rides_along_unchanged() -> None:
+    doc = json.loads(_fixture())
+    doc["deploy"] = {"limit": "gpu1", "inventories": ["inv"], "outcomes": [], "arms": {}}
+    text = json.dumps(doc, indent=2) + "\n"
+    results = RunResults.from_text(text)
+    assert results.deploy is not None and results.deploy["limit"] == "gpu1"
+    assert results.to_text() == text
