@@ -107,7 +107,8 @@ def sampling_notes(a: Analysis) -> list[str]:
         f"({s.range_requests:,} requests). Sampling adds +/-"
         f"{half['total_token_throughput_tok_s']:.1f} points to the throughput delta and +/-"
         f"{half['mean_ttft_ms']:.1f} to the mean-TTFT delta (95%, from the spread between "
-        "windows; included in the ranges shown). Raise --sample-requests for a larger sample"
+        "windows; included in the ranges shown). p99 TTFT comes from the sampled requests alone "
+        "and can miss a rare tail. Raise --sample-requests for a larger sample"
     ]
     if s.capped_warmups:
         out.append(
