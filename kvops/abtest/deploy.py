@@ -5,9 +5,11 @@ offload, same workload - is one command.
 Ansible is driven through ansible-runner (the library AWX uses,
 https://ansible.readthedocs.io/projects/runner/en/stable/python_interface/): its events stream to
 the progress display, and every deploy's outcome, the variant, and what the role reports as
-deployed (packages or image, LMCache config, connector, command line) go to ``deploys.jsonl`` in
-the run directory. A failed play stops the run with the play's own error (exit 2); the records
-measured so far stay.
+deployed (packages or image, LMCache config, connector, command line; secrets redacted with
+kvops.probe.redact) go to ``deploys.jsonl`` in the run directory, and from there, summarized per
+arm (kvops.abtest.deploy_summary), into results.json and the reports. A failed play stops the
+run with the play's own error (exit 2); the records measured so far stay, and the reports are
+written with the failed deploy in them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from kvops.abtest.arms import Arm
 from kvops.errors import KvopsError
+from kvops.probe.redact import redact_text, redact_value
 
 # What an arm name means as a variant of the vllm_lmcache role (an arm may also be named after
 # the variant directly: offload_cpu_gds).
@@ -141,13 +144,15 @@ class ArmDeployer:
             rc=rc,
             duration_s=round(time.monotonic() - started, 1),
             changed_tasks=watch.changed,
-            deployed=watch.deployed,
-            errors=[f[:MAX_ERROR_CHARS] for f in watch.failures],
+            # redacted before it is written: a config may hold a remote URL's credentials, a
+            # failed task's message may echo its environment
+            deployed=redact_value(watch.deployed),
+            errors=[redact_text(f[:MAX_ERROR_CHARS]) for f in watch.failures],
         )
         with self.log_path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         if status != "successful":
-            why = watch.failures[0][:MAX_ERROR_CHARS] if watch.failures else f"status {status}"
+            why = record["errors"][0] if record["errors"] else f"status {status}"
             raise DeployError(
                 f"deploy of arm {arm.name} (variant {variant}) on {cfg.limit} failed: {why} "
                 f"(record: {self.log_path})"

@@ -7,6 +7,7 @@ Layout (all text):
   arms.json         each arm's self-description per attempt (/version, models, cache config)
   records.jsonl     one line per request, written as it completes
   segments.jsonl    one line per finished (scenario, trial, arm) segment, with client health
+  deploys.jsonl     --deploy only: one line per deploy.yml run (kvops.abtest.deploy)
   results.json, report.md, report.html, plots/*.png   written at the end (also after Ctrl-C)
 Why a separate segments file: resume must know which segments finished, and a segment whose
 records stop halfway is re-run rather than half-counted.
@@ -106,6 +107,14 @@ class RunDir:
             for d in iter_jsonl(self.segments_path)
             if d.get("status") == "done"
         }
+
+    @property
+    def deploys_path(self) -> Path:
+        return self.path / "deploys.jsonl"
+
+    def deploy_records(self) -> list[dict[str, Any]]:
+        """deploys.jsonl's lines in run order ([] for a run without --deploy)."""
+        return list(iter_jsonl(self.deploys_path))
 
     def segment_writer(self) -> JsonlWriter:
         return JsonlWriter(self.segments_path)

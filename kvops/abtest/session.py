@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvops.abtest.arms import Arm
-from kvops.abtest.deploy import ArmDeployer, DeploySettings, deploy_record
+from kvops.abtest.deploy import ArmDeployer, DeployError, DeploySettings, deploy_record
 from kvops.abtest.embedded import EmbeddedEngines, SimProfile
 from kvops.abtest.experiment import Experiment, Hooks, Options
 from kvops.abtest.results import ResultSet, build_results
@@ -109,6 +109,7 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
         hooks.prepare_arm = ArmDeployer(req.deploy, run_dir.path, hooks.on_segment)
     warnings: list[str] = []
     interrupted = False
+    deploy_failure: DeployError | None = None
     try:
         with _arms(req, run_dir) as arms:
             exp = Experiment(run_dir, arms, req.scenarios, req.options, hooks)
@@ -119,9 +120,16 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
                 interrupted = exp.interrupted
     except KeyboardInterrupt:
         interrupted = True
-    status = "interrupted" if interrupted else "complete"
-    results = build_results(run_dir, slo=req.slo, status=status, warnings=warnings)
+    except DeployError as exc:
+        # the reports still say what was measured and which deploy stopped the run
+        # (results.json `deploy`, status "incomplete"); the error then exits 2
+        deploy_failure = exc
+    results = build_results(
+        run_dir, slo=req.slo, status="interrupted" if interrupted else "complete", warnings=warnings
+    )
     write_reports(run_dir.path, results.doc, results.measured)
+    if deploy_failure is not None:
+        raise deploy_failure
     return Outcome(results, interrupted, warnings)
 
 

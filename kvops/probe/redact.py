@@ -17,7 +17,7 @@ Runs on the target under Python >= 3.8 with the stdlib only (see `kvops.probe.bu
 from __future__ import annotations
 
 import re
-from typing import Dict, List
+from typing import Any, Dict, List
 
 REDACTED = "<redacted>"
 
@@ -87,3 +87,19 @@ def redact_argv(argv: List[str]) -> List[str]:
             continue
         out.append(redact_text(arg))
     return out
+
+
+def redact_value(value: Any) -> Any:
+    """Structured data (a rendered LMCache config, a connector's JSON, a deploy record): a
+    secret-named key hides its whole value, every other string is redacted as text, and the
+    shape is kept (so a report can still show which keys were set)."""
+    if isinstance(value, dict):
+        return {
+            k: (REDACTED if isinstance(k, str) and SECRET_NAME.search(k) else redact_value(v))
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [redact_value(v) for v in value]
+    if isinstance(value, str):
+        return redact_text(value)
+    return value

@@ -25,7 +25,7 @@ from kvops import evidence as ev
 from kvops.probe import storage
 from kvops.probe.core import Probe, in_child
 from kvops.probe.main import collect
-from kvops.probe.redact import REDACTED, redact_argv, redact_env, redact_text
+from kvops.probe.redact import REDACTED, redact_argv, redact_env, redact_text, redact_value
 from kvops.probe.service import collect_lmcache_version
 from kvops.validate import EvidenceError, load_evidence, save_evidence
 
@@ -58,6 +58,22 @@ def test_redactor_hides_each_secret_form(text: str, secret: str) -> None:
 def test_redactor_keeps_ordinary_settings_readable() -> None:
     text = "--max-num-batched-tokens 8192 --tokenizer /m iommu=pt chunk_size: 256 passthrough=1"
     assert redact_text(text) == text
+
+
+def test_redact_value_keeps_the_shape_and_hides_secrets() -> None:
+    config = {
+        "chunk_size": 256,
+        "remote_url": "redis://admin:hunter2@cache:6379",
+        "extra_config": {"api_key": {"nested": "k-9"}, "disk_io_threads": 4},
+        "exec_start": ["vllm", "serve", "m --api-key sk-1"],
+        "local_cpu": False,
+    }
+    out = redact_value(config)
+    assert out["chunk_size"] == 256 and out["local_cpu"] is False
+    assert out["remote_url"] == f"redis://{REDACTED}@cache:6379"
+    assert out["extra_config"] == {"api_key": REDACTED, "disk_io_threads": 4}
+    assert "sk-1" not in out["exec_start"][2]
+    assert redact_value(out) == out
 
 
 def test_redact_env_and_argv() -> None:
