@@ -19,11 +19,11 @@ the smallest effect worth calling; an arm with failed requests beyond 1% voids t
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from kvops.loadgen.record import RequestRecord
+from kvops.result_types import ArmMetrics, Comparison
 
 PERCENTILES = (("median", 50.0), ("p90", 90.0), ("p99", 99.0))
 # metric name -> True when a higher value is better
@@ -41,8 +41,6 @@ PRIMARY_METRIC = "total_token_throughput_tok_s"
 # Smallest change called helps/hurts: run-to-run noise between identical servers on a shared
 # host (A/A runs) reaches ~2%, and a bootstrap over a handful of batches cannot see all of it.
 MIN_EFFECT_PCT = 2.0
-
-Metrics = dict[str, float | int | None]
 
 
 def output_len(rec: RequestRecord) -> int:
@@ -63,14 +61,16 @@ def span_s(records: Sequence[RequestRecord]) -> float:
     return max(r.end_perf_s for r in records) - min(r.send_perf_s for r in records)
 
 
-def _stats(prefix: str, values: Sequence[float]) -> Metrics:
-    out: Metrics = {}
+def _stats(values: Sequence[float]) -> tuple[float | None, ...]:
+    """(mean, std, median, p90, p99) of one latency, all None without values."""
     arr = np.asarray(values, dtype=float)
-    out[f"mean_{prefix}_ms"] = float(arr.mean()) if arr.size else None
-    out[f"std_{prefix}_ms"] = float(arr.std()) if arr.size else None
-    for label, q in PERCENTILES:
-        out[f"{label}_{prefix}_ms"] = float(np.percentile(arr, q)) if arr.size else None
-    return out
+    if not arr.size:
+        return (None,) * (2 + len(PERCENTILES))
+    return (
+        float(arr.mean()),
+        float(arr.std()),
+        *(float(np.percentile(arr, q)) for _, q in PERCENTILES),
+    )
 
 
 def parse_slo(text: str | None) -> dict[str, float]:
@@ -100,7 +100,7 @@ def _meets(rec: RequestRecord, slo: dict[str, float]) -> bool:
 
 def compute_metrics(
     segments: Iterable[Sequence[RequestRecord]], slo: dict[str, float] | None = None
-) -> Metrics:
+) -> ArmMetrics:
     """Metrics over one or more run segments (e.g. one arm's trials): durations add up, so
     throughput is total tokens over total measured time."""
     segs = [list(s) for s in segments if s]
@@ -109,25 +109,35 @@ def compute_metrics(
     duration = sum(span_s(s) for s in segs)
     in_tok = sum(r.prompt_tokens or r.intended_prompt_tokens or 0 for r in ok)
     out_tok = sum(output_len(r) for r in ok)
-    m: Metrics = {
-        "completed": len(ok),
-        "errors": len(records) - len(ok),
-        "duration_s": duration,
-        "total_input_tokens": in_tok,
-        "total_output_tokens": out_tok,
-    }
-    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: None)
-    m["request_throughput_req_s"] = per_s(len(ok))
-    m["output_throughput_tok_s"] = per_s(out_tok)
-    m["total_token_throughput_tok_s"] = per_s(in_tok + out_tok)
-    if slo:
-        m["request_goodput_req_s"] = per_s(sum(1 for r in ok if _meets(r, slo)))
-    m.update(_stats("ttft", [r.ttft_ms for r in ok if r.ttft_ms is not None]))
-    m.update(_stats("tpot", [t for r in ok if (t := tpot_ms(r)) is not None]))
-    m.update(_stats("itl", [g for r in ok for g in r.itls_ms]))
-    m.update(_stats("e2el", [r.e2el_ms for r in ok if r.e2el_ms is not None]))
-    m["cached_token_share"] = cached_token_share(ok)
-    return m
+
+    def per_s(x: int) -> float | None:
+        return x / duration if duration > 0 else None
+
+    ttft = _stats([r.ttft_ms for r in ok if r.ttft_ms is not None])
+    tpot = _stats([t for r in ok if (t := tpot_ms(r)) is not None])
+    itl = _stats([g for r in ok for g in r.itls_ms])
+    e2el = _stats([r.e2el_ms for r in ok if r.e2el_ms is not None])
+    return ArmMetrics(
+        completed=len(ok),
+        errors=len(records) - len(ok),
+        duration_s=duration,
+        total_input_tokens=in_tok,
+        total_output_tokens=out_tok,
+        request_throughput_req_s=per_s(len(ok)),
+        output_throughput_tok_s=per_s(out_tok),
+        total_token_throughput_tok_s=per_s(in_tok + out_tok),
+        request_goodput_req_s=per_s(sum(1 for r in ok if _meets(r, slo))) if slo else None,
+        mean_ttft_ms=ttft[0], std_ttft_ms=ttft[1], median_ttft_ms=ttft[2],
+        p90_ttft_ms=ttft[3], p99_ttft_ms=ttft[4],
+        mean_tpot_ms=tpot[0], std_tpot_ms=tpot[1], median_tpot_ms=tpot[2],
+        p90_tpot_ms=tpot[3], p99_tpot_ms=tpot[4],
+        mean_itl_ms=itl[0], std_itl_ms=itl[1], median_itl_ms=itl[2],
+        p90_itl_ms=itl[3], p99_itl_ms=itl[4],
+        mean_e2el_ms=e2el[0], std_e2el_ms=e2el[1], median_e2el_ms=e2el[2],
+        p90_e2el_ms=e2el[3], p99_e2el_ms=e2el[4],
+        cached_token_share=cached_token_share(ok),
+        slo_given=bool(slo),
+    )  # fmt: skip
 
 
 def cached_token_share(records: Sequence[RequestRecord]) -> float | None:
@@ -141,24 +151,6 @@ def cached_token_share(records: Sequence[RequestRecord]) -> float | None:
 
 
 # ---------------------------------------------------------------- paired inference and verdicts
-
-
-@dataclass
-class Comparison:
-    metric: str
-    baseline_arm: str
-    candidate_arm: str
-    baseline: float | None
-    candidate: float | None
-    delta_pct: float | None
-    ci95_low_pct: float | None
-    ci95_high_pct: float | None
-    verdict: str
-    higher_is_better: bool
-    resample_unit: str
-
-    def to_dict(self) -> dict[str, object]:
-        return dict(self.__dict__)
 
 
 # Student t 97.5% quantiles for 1..30 degrees of freedom (any statistics table, e.g. NIST/SEMATECH
@@ -249,17 +241,16 @@ def verdict_for(
 MAX_ERROR_SHARE = 0.01
 
 
-def broken_arm_errors(metrics: Metrics) -> int | None:
+def broken_arm_errors(errors: int, completed: int) -> int | None:
     """The arm's error count when it voids a comparison (more than 1% of measured requests)."""
-    errors, done = int(metrics.get("errors") or 0), int(metrics.get("completed") or 0)
-    return errors if errors and errors > MAX_ERROR_SHARE * (errors + done) else None
+    return errors if errors and errors > MAX_ERROR_SHARE * (errors + completed) else None
 
 
-def _per_trial(trials: Mapping[int, Sequence[RequestRecord]]) -> dict[int, Metrics]:
+def _per_trial(trials: Mapping[int, Sequence[RequestRecord]]) -> dict[int, ArmMetrics]:
     return {t: compute_metrics([recs]) for t, recs in trials.items() if recs}
 
 
-ArmTrials = tuple[str, Mapping[int, Sequence[RequestRecord]], Metrics]
+ArmTrials = tuple[str, Mapping[int, Sequence[RequestRecord]], ArmMetrics]
 
 
 def compare_arms(
@@ -278,14 +269,14 @@ def compare_arms(
     (b_name, b_trials, b_m), (c_name, c_trials, c_m) = baseline, candidate
     b_per, c_per = _per_trial(b_trials), _per_trial(c_trials)
     paired = sorted(set(b_per) & set(c_per))
-    broken = [e for e in (broken_arm_errors(b_m), broken_arm_errors(c_m)) if e is not None]
+    broken = [e for m in (b_m, c_m) if (e := broken_arm_errors(m.errors, m.completed)) is not None]
     for metric, higher in COMPARED_METRICS.items():
-        b, c = b_m.get(metric), c_m.get(metric)
+        b, c = b_m.value(metric), c_m.value(metric)
         delta = (c - b) / b * 100.0 if b and c is not None else None
         pairs = [
             (float(bv), float(cv))
             for t in paired
-            if (bv := b_per[t].get(metric)) and (cv := c_per[t].get(metric))
+            if (bv := b_per[t].value(metric)) and (cv := c_per[t].value(metric))
         ]
         low = high = None
         if delta is not None and len(pairs) >= 2 and c:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kvops.abtest.arms import Arm
 from kvops.abtest.embedded import OFFLOAD_LMCACHE
@@ -24,6 +23,7 @@ from kvops.abtest.experiment import Options, segment_plan
 from kvops.abtest.rundir import RunDir
 from kvops.loadgen.record import RequestRecord
 from kvops.metrics import compute_metrics
+from kvops.result_types import ArmMetrics, PredictedFigures, Prediction, ScenarioResult
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.model import Engine, EngineSettings, build_engine
 from kvops.sim.records import Request, SimRequestRecord
@@ -56,7 +56,7 @@ def predict(
     alphabet: Alphabet,
     profile: Mapping[str, str],
     time_scale: float,
-) -> dict[str, dict[str, dict[str, Any]]] | None:
+) -> dict[str, dict[str, ArmMetrics]] | None:
     """scenario -> arm -> metrics (as `compute_metrics`, wall units), or None when the run
     cannot be replayed in virtual time (text prompts, rate mode)."""
     if alphabet.is_text or any(s.rate is not None for s in scenarios):
@@ -92,14 +92,14 @@ def predict(
                 ]
                 for p, rec in zip(batch, engine.run(reqs), strict=True):
                     out.append(_as_client_record(rec, time_scale, trial, iteration, p.batch, warm))
-    result: dict[str, dict[str, dict[str, Any]]] = {}
+    result: dict[str, dict[str, ArmMetrics]] = {}
     for (scenario, arm_name), recs in records.items():
         measured = [r for r in recs if not r.warmup]
         by_trial: dict[int, list[RequestRecord]] = {}
         for r in measured:
             by_trial.setdefault(r.trial, []).append(r)
         metrics = compute_metrics([by_trial[t] for t in sorted(by_trial)])
-        result.setdefault(scenario, {})[arm_name] = dict(metrics)
+        result.setdefault(scenario, {})[arm_name] = metrics
     return result
 
 
@@ -142,7 +142,7 @@ def embedded_arms(kv_capacity_scale: float) -> list[EmbeddedArm]:
     ]
 
 
-def predict_run(run_dir: RunDir) -> dict[str, dict[str, dict[str, Any]]] | None:
+def predict_run(run_dir: RunDir) -> Prediction | None:
     """The prediction for a run directory of embedded engines (None for real arms, or when
     the run cannot be replayed): scenario -> arm -> the compared metrics."""
     run, specs = run_dir.load_run()
@@ -156,24 +156,23 @@ def predict_run(run_dir: RunDir) -> dict[str, dict[str, dict[str, Any]]] | None:
     if full is None:
         return None
     return {
-        sc: {arm: {m: metrics.get(m) for m in (*FIDELITY_METRICS, "mean_itl_ms")}
-             for arm, metrics in by_arm.items()}
+        sc: {arm: PredictedFigures.of(metrics) for arm, metrics in by_arm.items()}
         for sc, by_arm in full.items()
-    }  # fmt: skip
+    }
 
 
-def fidelity_warnings(
-    scenarios: Mapping[str, Any], prediction: Mapping[str, Mapping[str, Mapping[str, Any]]]
-) -> list[str]:
+def fidelity_warnings(scenarios: Mapping[str, ScenarioResult], prediction: Prediction) -> list[str]:
     """One warning per scenario whose measured figures stray from the model's own."""
     out: list[str] = []
     for name, predicted in prediction.items():
-        measured_arms = scenarios.get(name, {}).get("arms", {})
+        measured_arms = scenarios[name].arms if name in scenarios else {}
         off: list[str] = []
         for arm, pred in predicted.items():
-            got = measured_arms.get(arm, {}).get("metrics", {})
+            if arm not in measured_arms:
+                continue
+            got = measured_arms[arm].metrics
             for metric in FIDELITY_METRICS:
-                want, have = pred.get(metric), got.get(metric)
+                want, have = pred.value(metric), got.value(metric)
                 if not want or have is None:
                     continue
                 dev = have / want - 1.0

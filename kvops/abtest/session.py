@@ -124,8 +124,9 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
         # the reports still say what was measured and which deploy stopped the run
         # (results.json `deploy`, status "incomplete"); the error then exits 2
         deploy_failure = exc
-    status = "interrupted" if interrupted else "complete"
-    results = build_results(run_dir, slo=req.slo, status=status, warnings=warnings)
+    results = build_results(
+        run_dir, slo=req.slo, status="interrupted" if interrupted else "complete", warnings=warnings
+    )
     write_reports(run_dir.path, results.doc, results.measured)
     if deploy_failure is not None:
         raise deploy_failure

@@ -20,6 +20,7 @@ from kvops.abtest.deploy import DeploySettings, deploy_arms
 from kvops.abtest.embedded import SimProfile
 from kvops.abtest.experiment import Hooks, Options
 from kvops.abtest.session import AbTestRequest, run_ab_test
+from kvops.cli.spec_help import workload_reference
 from kvops.errors import RC
 from kvops.lab.config import find_project_root
 from kvops.loadgen.record import RequestRecord
@@ -31,7 +32,6 @@ from kvops.workload.spec import (
     WorkloadSpec,
     load_preset,
     load_spec_file,
-    spec_reference,
 )
 
 EXAMPLES = """
@@ -50,11 +50,7 @@ Exit codes: 0 all requests succeeded; 1 some requests failed (counted per arm, r
 2 usage error or an arm unreachable at start; 130 interrupted (Ctrl-C; results still written).
 """
 
-WORKLOAD_REFERENCE = (
-    "\b\nWorkload spec (--workload FILE: YAML, strict: unknown keys and bad values are errors):\n"
-    + "\n".join("  " + line for line in spec_reference().splitlines())
-    + "\n"
-)
+WORKLOAD_REFERENCE = workload_reference("--workload FILE")
 
 
 def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> list[WorkloadSpec]:
@@ -266,20 +262,18 @@ def ab_test(**kw: Any) -> RC:
     )
     with progress:
         outcome = run_ab_test(req, hooks)
-    doc = outcome.results.doc
+    results = outcome.results.doc
     if args.as_json:
-        import json
-
-        click.echo(json.dumps(doc, indent=2))
-        render_table(doc, Console(stderr=True, width=None if sys.stderr.isatty() else 120))
+        click.echo(results.to_text(), nl=False)
+        render_table(results, Console(stderr=True, width=None if sys.stderr.isatty() else 120))
     else:
-        render_table(doc, out)
+        render_table(results, out)
     err.print(
         f"[dim]run directory: {req.out} (results.json, report.md, report.html, records.jsonl)[/]"
     )
     if outcome.interrupted:
         return RC.INTERRUPTED
-    return RC.FAIL if outcome.results.any_errors else RC.OK
+    return RC.FAIL if results.any_errors else RC.OK
 
 
 def auto_time_scale(scale: float) -> float:

@@ -18,6 +18,7 @@ import click
 from kvops.advise.render_sizing import sizing_lines
 from kvops.advise.sizing import SizingInputs, compute_sizing
 from kvops.cli.group import KvopsGroup
+from kvops.cli.spec_help import workload_reference
 from kvops.errors import KvopsError
 from kvops.sim.profiles import (
     GpuProfile,
@@ -130,6 +131,7 @@ def advise() -> None:
     workload YAML or a preset name), with ranges, flip points and recommended settings:
       kvops advise trace.jsonl --gpu h100-sxm-80gb --storage ontap-nfs-rdma-400g
       kvops advise multi-shared-prefix --json
+    (`kvops advise trace --help` lists the trace formats and the workload spec's keys.)
     """
 
 
@@ -215,7 +217,7 @@ def _progress_stage(enabled: bool) -> tuple[Progress | None, Stage | None]:
     return progress, stage
 
 
-@advise.command(name="trace")
+@advise.command(name="trace", epilog=workload_reference("TRACE as a workload file"))
 @click.argument("trace", metavar="TRACE")
 @profile_options
 @click.option(

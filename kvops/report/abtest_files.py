@@ -9,20 +9,19 @@ plots beside them.
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
-from typing import Any
 
 from kvops.loadgen.record import RequestRecord
 from kvops.report.abtest_deploy import deploy_html, deploy_markdown
 from kvops.report.abtest_plots import write_plots
 from kvops.report.abtest_table import fmt_num, fmt_pct, protocol_line
+from kvops.result_types import RunResults
 
 
 def write_reports(
-    run_dir: Path, doc: dict[str, Any], measured: dict[str, dict[str, list[RequestRecord]]]
+    run_dir: Path, doc: RunResults, measured: dict[str, dict[str, list[RequestRecord]]]
 ) -> list[Path]:
-    (run_dir / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (run_dir / "results.json").write_text(doc.to_text())
     plots, note = write_plots(run_dir / "plots", doc, measured)
     md = markdown(doc, [p.relative_to(run_dir) for p in plots], note)
     (run_dir / "report.md").write_text(md)
@@ -32,16 +31,15 @@ def write_reports(
     return [run_dir / "results.json", run_dir / "report.md", run_dir / "report.html", *plots]
 
 
-def _rows(doc: dict[str, Any], name: str) -> list[list[str]]:
-    sc = doc["scenarios"][name]
+def _rows(doc: RunResults, name: str) -> list[list[str]]:
     rows = []
-    for c in sc["comparisons"]:
+    for c in doc.scenarios[name].comparisons:
         rows.append(
             [
-                c["metric"], f"{c['baseline_arm']} {fmt_num(c['baseline'])}",
-                f"{c['candidate_arm']} {fmt_num(c['candidate'])}", fmt_pct(c["delta_pct"]),
-                f"[{fmt_pct(c['ci95_low_pct'])}, {fmt_pct(c['ci95_high_pct'])}]",
-                c["verdict"], c["resample_unit"],
+                c.metric, f"{c.baseline_arm} {fmt_num(c.baseline)}",
+                f"{c.candidate_arm} {fmt_num(c.candidate)}", fmt_pct(c.delta_pct),
+                f"[{fmt_pct(c.ci95_low_pct)}, {fmt_pct(c.ci95_high_pct)}]",
+                c.verdict, c.resample_unit,
             ]
         )  # fmt: skip
     return rows
@@ -50,69 +48,69 @@ def _rows(doc: dict[str, Any], name: str) -> list[list[str]]:
 _HEAD = ["metric", "baseline", "candidate", "Δ", "95% CI", "verdict", "resampled"]
 
 
-def _arm_lines(doc: dict[str, Any]) -> list[str]:
+def _arm_lines(doc: RunResults) -> list[str]:
     return [
-        f"{a['name']}: {a['url']} — version {a.get('version')}, model "
-        f"{(a.get('models') or ['?'])[0]}, max_model_len {a.get('max_model_len')}"
-        for a in doc["arms"]
+        f"{a.name}: {a.url} — version {a.version}, model "
+        f"{(a.models or ['?'])[0]}, max_model_len {a.max_model_len}"
+        for a in doc.arms
     ]
 
 
-def markdown(doc: dict[str, Any], plots: list[Path], note: str | None) -> str:
+def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:
     status = (
-        f"Status: **{doc['status']}**; run directory `{doc['run_dir']}`; "
-        f"schema version {doc['schema_version']}."
-        + (f" {doc['status_detail']}." if doc.get("status_detail") else "")
+        f"Status: **{doc.status}**; run directory `{doc.run_dir}`; "
+        f"schema version {doc.schema_version}."
+        + (f" {doc.status_detail}." if doc.status_detail else "")
     )
     out = ["# kvops ab-test report", "", status, "", "## Arms", ""]
     out += [f"- {line}" for line in _arm_lines(doc)]
-    if doc.get("deploy"):
-        out += ["", *deploy_markdown(doc["deploy"])]
-    if doc["warnings"]:
-        out += ["", "## Warnings", ""] + [f"- {w}" for w in doc["warnings"]]
-    for name, sc in doc["scenarios"].items():
-        out += ["", f"## {name}: offload {sc['verdict']}", "", f"({protocol_line(doc, sc)})", ""]
+    if doc.deploy:
+        out += ["", *deploy_markdown(doc.deploy)]
+    if doc.warnings:
+        out += ["", "## Warnings", ""] + [f"- {w}" for w in doc.warnings]
+    for name, sc in doc.scenarios.items():
+        out += ["", f"## {name}: offload {sc.verdict}", "", f"({protocol_line(doc, sc)})", ""]
         out += ["| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
         out += ["| " + " | ".join(r) + " |" for r in _rows(doc, name)]
         out += [""] + [
-            f"- {arm}: {b['metrics']['completed']} completed, {b['errors_total']} errors, "
-            f"{b['warmup_requests']} warm-up requests, cached-token share "
-            f"{fmt_num(b['metrics'].get('cached_token_share'))}"
-            for arm, b in sc["arms"].items()
+            f"- {arm}: {b.metrics.completed} completed, {b.errors_total} errors, "
+            f"{b.warmup_requests} warm-up requests, cached-token share "
+            f"{fmt_num(b.metrics.cached_token_share)}"
+            for arm, b in sc.arms.items()
         ]
         out += [""] + [
             f"![{p.stem}]({p.as_posix()})" for p in plots if p.stem.startswith(name + "-")
         ]
-    c = doc["client"]
-    out += ["", "## Client", "", f"Dispatch lag mean {c['dispatch_lag_mean_ms']:.2f} ms (p99 "
-            f"{c['dispatch_lag_p99_ms']:.2f}), event-loop lag p99 {c['loop_lag_p99_ms']:.2f} ms, "
-            f"max in flight {c['max_in_flight']}: "
-            + ("**the client was the bottleneck** (" + str(c["bottleneck_reason"]) + ")"
-               if c["bottleneck"] else "not a bottleneck") + "."]  # fmt: skip
+    c = doc.client
+    out += ["", "## Client", "", f"Dispatch lag mean {c.dispatch_lag_mean_ms:.2f} ms (p99 "
+            f"{c.dispatch_lag_p99_ms:.2f}), event-loop lag p99 {c.loop_lag_p99_ms:.2f} ms, "
+            f"max in flight {c.max_in_flight}: "
+            + ("**the client was the bottleneck** (" + str(c.bottleneck_reason) + ")"
+               if c.bottleneck else "not a bottleneck") + "."]  # fmt: skip
     if note:
         out += ["", f"_{note}_"]
     return "\n".join(out) + "\n"
 
 
-def to_html(doc: dict[str, Any], plots: list[Path], note: str | None) -> str:
+def to_html(doc: RunResults, plots: list[Path], note: str | None) -> str:
     e = html.escape
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>kvops ab-test</title>",
         "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px}"
         ".helps{color:#080;font-weight:bold}.hurts{color:#b00;font-weight:bold}</style></head><body>",
-        f"<h1>kvops ab-test report</h1><p>Status: <b>{e(doc['status'])}</b>; run directory "
-        f"<code>{e(doc['run_dir'])}</code> {e(doc.get('status_detail') or '')}</p>",
+        f"<h1>kvops ab-test report</h1><p>Status: <b>{e(doc.status)}</b>; run directory "
+        f"<code>{e(doc.run_dir)}</code> {e(doc.status_detail or '')}</p>",
         "<h2>Arms</h2><ul>",
         *[f"<li>{e(line)}</li>" for line in _arm_lines(doc)],
         "</ul>",
     ]
-    if doc.get("deploy"):
-        parts += deploy_html(doc["deploy"])
-    if doc["warnings"]:
-        parts += ["<h2>Warnings</h2><ul>", *[f"<li>{e(w)}</li>" for w in doc["warnings"]], "</ul>"]
-    for name, sc in doc["scenarios"].items():
-        v = e(sc["verdict"])
+    if doc.deploy:
+        parts += deploy_html(doc.deploy)
+    if doc.warnings:
+        parts += ["<h2>Warnings</h2><ul>", *[f"<li>{e(w)}</li>" for w in doc.warnings], "</ul>"]
+    for name, sc in doc.scenarios.items():
+        v = e(sc.verdict)
         parts.append(f"<h2>{e(name)}: offload <span class='{v}'>{v}</span></h2>")
         parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in _HEAD) + "</tr>")
         for r in _rows(doc, name):
@@ -127,13 +125,13 @@ def to_html(doc: dict[str, Any], plots: list[Path], note: str | None) -> str:
             for p in plots
             if p.stem.startswith(name + "-")
         ]
-    c = doc["client"]
+    c = doc.client
     parts.append(
-        f"<h2>Client</h2><p>Dispatch lag mean {c['dispatch_lag_mean_ms']:.2f} ms, event-loop lag "
-        f"p99 {c['loop_lag_p99_ms']:.2f} ms, max in flight {c['max_in_flight']}: "
+        f"<h2>Client</h2><p>Dispatch lag mean {c.dispatch_lag_mean_ms:.2f} ms, event-loop lag "
+        f"p99 {c.loop_lag_p99_ms:.2f} ms, max in flight {c.max_in_flight}: "
         + (
-            "<b>the client was the bottleneck</b> (" + e(str(c["bottleneck_reason"])) + ")"
-            if c["bottleneck"]
+            "<b>the client was the bottleneck</b> (" + e(str(c.bottleneck_reason)) + ")"
+            if c.bottleneck
             else "not a bottleneck"
         )
         + "</p>"

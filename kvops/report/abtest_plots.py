@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 
 from kvops.loadgen.record import RequestRecord
+from kvops.result_types import RunResults
 
 
 def write_plots(
-    out_dir: Path, doc: dict[str, Any], measured: dict[str, dict[str, list[RequestRecord]]]
+    out_dir: Path, doc: RunResults, measured: dict[str, dict[str, list[RequestRecord]]]
 ) -> tuple[list[Path], str | None]:
     """Plot files written, and a note when plotting was skipped."""
     try:
@@ -45,8 +46,8 @@ def write_plots(
             ax.legend()
             paths.append(_save(fig, out_dir / f"{scenario}-{kind}-cdf.png", plt))
         fig, ax = plt.subplots(figsize=(6, 3.6))
-        for arm, block in doc["scenarios"][scenario]["arms"].items():
-            ys = [b["total_token_throughput_tok_s"] or 0.0 for b in block["per_batch"]]
+        for arm, block in doc.scenarios[scenario].arms.items():
+            ys = [b.figures.total_token_throughput_tok_s or 0.0 for b in block.per_batch]
             ax.plot(range(1, len(ys) + 1), ys, marker="o", label=arm)
         ax.set_xlabel("batch (in send order, warm-up included)")
         ax.set_ylabel("total tokens/s")

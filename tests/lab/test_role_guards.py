@@ -7,12 +7,15 @@ distribution's stack), no OFED kernel stack before nvidia-fs, nvidia-fs built be
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lab_harness import LabHosts
-from site_lab import changed_tasks, explain, failure_messages, recap, run_role, run_site
+from site_lab import HERE, changed_tasks, explain, failure_messages, recap, run_role, run_site
+
+from kvops.lab.wheelhouse import serve_directory
 
 HOST = "kvguard-1"
 NO_RDMA = "kvnordma-1"
@@ -42,13 +45,89 @@ def _installed(lab: LabHosts, package: str) -> bool:
     return proc.returncode == 0 and proc.stdout.endswith(" installed")
 
 
-def test_check_mode_on_a_fresh_host_previews_without_changing_it(guard: LabHosts) -> None:
-    proc = run_site(guard, check=True, diff=True, limit=HOST)
+# The lab's signing key for repository tests (tests/lab/files/lab-repo-key.asc, made with
+# `gpg --quick-gen-key ... ed25519`; `gpg --show-keys` prints this fingerprint).
+LAB_KEY_FINGERPRINT = "B233E651D1F4CEA32271F977E6D611B401770A50"
+NVIDIA_CUDA_KEY_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"
+# A fresh host has no NVIDIA or DOCA repository: the lab's one apt source carries every vendor
+# test package too, so while a test runs these are made uninstallable (priority -1) and only the
+# distribution's packages resolve, as on a fresh Ubuntu server.
+NO_VENDOR_REPOS = "/etc/apt/preferences.d/kvops-test-no-vendor-repos"
+_VENDOR_PACKAGES = "nvidia-* libnvidia-* cuda-* libcufile* gds-tools-* doca-* mlnx-*"
+_REPO_FILES = ("/etc/apt/sources.list.d/cuda.sources", "/etc/apt/sources.list.d/doca.sources")
+
+
+@pytest.fixture()
+def key_server(guard: LabHosts) -> Iterator[str]:
+    """The lab key served over HTTP on the lab bridge, as a vendor serves its repository key."""
+    server, url = serve_directory(HERE / "files", guard.gateway_ip)
+    try:
+        yield url
+    finally:
+        server.shutdown()
+
+
+def _managed_repos(url: str, fingerprint: str) -> dict[str, Any]:
+    """The roles add their repositories themselves, from ``url``, pinned to ``fingerprint``."""
+    key = f"{url}/lab-repo-key.asc"
+    return {
+        "nvidia_driver_cuda_repo_manage": True,
+        "nvidia_driver_cuda_repo_url": f"{url}/cuda/",
+        "nvidia_driver_cuda_repo_key_url": key,
+        "nvidia_driver_cuda_repo_key_fingerprint": fingerprint,
+        "rdma_client_doca_repo_manage": True,
+        "rdma_client_doca_repo_url": f"{url}/doca/",
+        "rdma_client_doca_repo_key_url": key,
+        "rdma_client_doca_repo_key_fingerprint": fingerprint,
+    }
+
+
+def test_check_mode_on_a_fresh_host_previews_without_changing_it(
+    guard: LabHosts, key_server: str
+) -> None:
+    """A fresh host without NVIDIA's or Mellanox's repository: the preview verifies the repository
+    keys, says which packages the repositories would bring, and fails on nothing (before, apt
+    answered "No package matching" for every vendor package)."""
+    pins = f"Package: {_VENDOR_PACKAGES}\nPin: version *\nPin-Priority: -1\n"
+    guard.write_file(HOST, NO_VENDOR_REPOS, pins)
+    try:
+        proc = run_site(
+            guard, check=True, diff=True, limit=HOST,
+            extra_vars=_managed_repos(key_server, LAB_KEY_FINGERPRINT),
+        )  # fmt: skip
+    finally:
+        guard.ssh(HOST, ["rm", "-f", NO_VENDOR_REPOS], sudo=True)
     assert proc.returncode == 0, explain(proc)
     assert recap(proc)[HOST]["changed"] > 0  # it would change things ...
+    out = proc.stdout
+    assert f"nvidia_driver: CUDA repository key {LAB_KEY_FINGERPRINT}" in out
+    assert f"rdma_client: DOCA repository key {LAB_KEY_FINGERPRINT}" in out
+    assert "the CUDA repository is not on this host yet" in out
+    assert "nvidia-driver-580-open, nvidia-persistenced cannot be resolved now" in out
+    assert "doca-ofed, mlnx-nfsrdma-dkms cannot be resolved now" in out
+    assert "nvidia-gds, nvidia-fs, nvidia-fs-dkms cannot be resolved now" in out
     assert not _installed(guard, "nvidia-driver-580-open")  # ... but changed nothing
+    for path in (*_REPO_FILES, "/etc/apt/keyrings/cuda.asc"):
+        assert guard.ssh(HOST, ["test", "-e", path], check=False).returncode != 0, path
     assert "192.0.2.50:/kvcache" not in guard.read_file(HOST, "/etc/fstab")
     assert guard.doubles_log(HOST, "modprobe") == []
+
+
+def test_a_repository_key_with_another_fingerprint_is_refused_before_the_repository(
+    guard: LabHosts, tmp_path: Path, key_server: str
+) -> None:
+    """The lab key served where NVIDIA's key should be: both roles refuse it with both
+    fingerprints in the message, and add neither the repository nor the key."""
+    pinned = _managed_repos(key_server, NVIDIA_CUDA_KEY_FINGERPRINT)
+    for role, name in (("nvidia_driver", "CUDA"), ("rdma_client", "DOCA")):
+        proc = run_role(guard, tmp_path, role, limit=HOST, extra_vars=pinned)
+        assert proc.returncode != 0, explain(proc)
+        msg = failure_messages(proc)
+        assert f"has fingerprint(s) {LAB_KEY_FINGERPRINT}, not the pinned" in msg, msg
+        assert NVIDIA_CUDA_KEY_FINGERPRINT in msg and f"the {name} repository was not added" in msg
+    for path in (*_REPO_FILES, "/etc/apt/keyrings/cuda.asc", "/etc/apt/keyrings/doca.asc"):
+        assert guard.ssh(HOST, ["test", "-e", path], check=False).returncode != 0, path
+    assert not _installed(guard, "nvidia-driver-580-open")
 
 
 def test_nvidia_fs_refuses_to_install_before_the_rdma_stack(

@@ -15,7 +15,8 @@ One validate run over the shared lab's three hosts:
   `nvidia-driver-580` double), then the export remounted by hand over TCP, as an operator
   would (`mount -t nfs4 -o ...,proto=tcp`): GDS-002 and GDS-021 FAIL.
 kvlab-2 gets its cufile.json and rpcrdma back afterwards; kvlab-3 stays wrong (no other test
-uses it).
+uses it), and then loses its RDMA stack too (DOCA-OFED purged, rpcrdma unloaded): GDS-025 and
+GDS-040 FAIL as well.
 """
 
 from __future__ import annotations
@@ -195,6 +196,37 @@ def test_validate_healthy_and_deliberately_wrong_hosts(lab: LabHosts, tmp_path: 
     assert "x86_64 Kernel Module" in wrong_items["nvidia_driver_version"]["stdout"]
     license_ = lab.ssh(WRONG, ["/usr/sbin/modinfo", "-F", "license", "nvidia"]).stdout.strip()
     assert license_ == "NVIDIA"
+
+
+# The RDMA stack rdma_client installs (DOCA-OFED, its NFS-RDMA modules, DOCA's userspace).
+RDMA_STACK = (
+    "doca-ofed", "mlnx-nfsrdma-dkms", "mlnx-ofed-kernel-dkms", "mlnx-ofed-kernel-utils",
+    "mlnx-tools", "rdma-core", "ibverbs-utils",
+)  # fmt: skip
+
+
+def test_validate_fails_a_host_whose_rdma_stack_is_missing(lab: LabHosts, tmp_path: Path) -> None:
+    """The wrong host (proprietary driver, TCP mount) loses its RDMA stack too: DOCA-OFED purged,
+    rpcrdma no longer loaded at boot nor now. validate FAILs the NFS/RDMA client (GDS-025) and
+    gdscheck's NFS support (GDS-040: without rpcrdma there is no fast path, and cufile.json
+    forbids compat), on top of the host's earlier mistakes, and nothing else."""
+    if WRONG not in lab.names:
+        unavailable(f"needs a third lab host {WRONG} (KVOPS_LAB_HOSTS >= 3), has {lab.names}")
+    converged(lab)
+    provision_wrong_host(lab, tmp_path)
+    env = ["env", "DEBIAN_FRONTEND=noninteractive"]
+    purge = ["apt-get", "-y", "-q", "--allow-change-held-packages", "purge", *RDMA_STACK]
+    lab.ssh(WRONG, [*env, *purge], sudo=True, timeout_s=300)
+    lab.ssh(WRONG, ["rm", "-f", "/etc/modules-load.d/rpcrdma.conf"], sudo=True)
+    lab.ssh(WRONG, ["modprobe", "-r", "rpcrdma"], sudo=True)
+    proc = validate(lab, "--limit", WRONG, "--json", "--timeout", "90")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr
+    report = json.loads(proc.stdout)
+    assert failed(report, WRONG) == {"GDS-002", "GDS-021", "GDS-025", "GDS-040"}, by_check(
+        report, WRONG
+    )
+    [rpcrdma] = by_check(report, WRONG)["GDS-025"]
+    assert "rpcrdma" in rpcrdma["message"], rpcrdma
 
 
 def test_the_operator_path_needs_only_the_lab_inventory(

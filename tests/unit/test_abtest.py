@@ -17,6 +17,7 @@ from kvops.abtest.rundir import RunDir, RunDirError
 from kvops.loadgen.record import JsonlWriter, RequestRecord, read_records
 from kvops.report.abtest_files import write_reports
 from kvops.report.abtest_table import render_table
+from kvops.result_types import RunResults
 from kvops.workload import spec_from_dict
 
 
@@ -142,7 +143,8 @@ def _write_run(tmp_path: Path, *, offload_ttft: float = 50.0) -> RunDir:
 
 def test_results_document_schema(tmp_path: Path) -> None:
     rd = _write_run(tmp_path)
-    doc = build_results(rd).doc
+    results = build_results(rd).doc
+    doc = results.to_json()
     assert doc["schema_version"] == 1 and doc["status"] == "complete"
     sc = doc["scenarios"]["custom"]
     for arm in ("baseline", "offload"):
@@ -159,8 +161,10 @@ def test_results_document_schema(tmp_path: Path) -> None:
             "errors",
         ):
             assert key in m
+        assert "request_goodput_req_s" not in m  # no SLO given
         assert m["completed"] == 24  # 2 trials x 3 measured iterations x 4; warm-up left out
         assert sc["arms"][arm]["warmup_requests"] == 8
+        assert results.scenarios["custom"].arms[arm].metrics.completed == 24
     ttft = next(c for c in sc["comparisons"] if c["metric"] == "mean_ttft_ms")
     assert {
         "metric",
@@ -173,7 +177,10 @@ def test_results_document_schema(tmp_path: Path) -> None:
     } <= set(ttft)
     assert ttft["verdict"] == "helps" and ttft["delta_pct"] < -40
     assert doc["client"]["bottleneck"] is False and "dispatch_lag_mean_ms" in doc["client"]
-    json.dumps(doc)  # serialisable
+    # the document reads back into the same types and writes the same text
+    text = results.to_text()
+    assert json.loads(text) == doc
+    assert RunResults.from_text(text) == results and RunResults.from_text(text).to_text() == text
 
 
 def test_reports_and_table(tmp_path: Path) -> None:
@@ -217,7 +224,7 @@ def test_unfinished_attempt_is_superseded_by_the_finished_one(tmp_path: Path) ->
             )
         )
     doc = build_results(rd).doc
-    assert doc["scenarios"]["custom"]["arms"]["offload"]["metrics"]["completed"] == 24
+    assert doc.scenarios["custom"].arms["offload"].metrics.completed == 24
 
 
 def test_attempts_order_numerically() -> None:
@@ -243,24 +250,24 @@ def test_a_broken_arm_voids_every_verdict_and_the_status_names_it(tmp_path: Path
 
     _edit_records(rd, kill)
     doc = build_results(rd).doc
-    sc = doc["scenarios"]["custom"]
-    assert {c["verdict"] for c in sc["comparisons"]} == {"invalid: 8 errors"}
-    assert sc["verdict"] == "invalid: 8 errors"
-    assert doc["status"] == "invalid"
-    assert "arm offload broke in custom: 8 of 24" in doc["status_detail"]
-    assert "trial 2, iteration 3" in doc["status_detail"]
+    sc = doc.scenarios["custom"]
+    assert {c.verdict for c in sc.comparisons} == {"invalid: 8 errors"}
+    assert sc.verdict == "invalid: 8 errors"
+    assert doc.status == "invalid"
+    assert "arm offload broke in custom: 8 of 24" in doc.status_detail
+    assert "trial 2, iteration 3" in doc.status_detail
 
 
 def test_cache_hits_beyond_the_shared_prefix_warn_of_a_warm_tier(tmp_path: Path) -> None:
     rd = _write_run(tmp_path)
-    assert not any("WARM CACHE TIER" in w for w in build_results(rd).doc["warnings"])
+    assert not any("WARM CACHE TIER" in w for w in build_results(rd).doc.warnings)
 
     def warm(r: RequestRecord) -> None:
         if r.arm == "offload":
             r.cached_tokens = 9  # a unique 10-token prompt cannot be cached within this run
 
     _edit_records(rd, warm)
-    warnings = build_results(rd).doc["warnings"]
+    warnings = build_results(rd).doc.warnings
     hits = [w for w in warnings if "WARM CACHE TIER" in w]
     assert len(hits) == 1 and "arm offload" in hits[0] and "gds_path" in hits[0]
 

@@ -43,32 +43,32 @@ def test_vllm_definitions_on_known_records() -> None:
     a = rec(0.0, [50.0, 60.0, 70.0])  # TTFT 50, ITL 10,10, E2EL 70, TPOT (70-50)/2 = 10
     b = rec(0.5, [100.0, 130.0])  # TTFT 100, ITL 30, E2EL 130, TPOT 30
     m = compute_metrics([[a, b]])
-    assert m["completed"] == 2 and m["errors"] == 0
-    assert m["mean_ttft_ms"] == pytest.approx(75.0)
-    assert m["median_ttft_ms"] == pytest.approx(75.0)
-    assert m["mean_itl_ms"] == pytest.approx(50.0 / 3)  # pooled gaps: 10, 10, 30
-    assert m["mean_tpot_ms"] == pytest.approx(20.0)
-    assert m["mean_e2el_ms"] == pytest.approx(100.0)
+    assert m.completed == 2 and m.errors == 0
+    assert m.mean_ttft_ms == pytest.approx(75.0)
+    assert m.median_ttft_ms == pytest.approx(75.0)
+    assert m.mean_itl_ms == pytest.approx(50.0 / 3)  # pooled gaps: 10, 10, 30
+    assert m.mean_tpot_ms == pytest.approx(20.0)
+    assert m.mean_e2el_ms == pytest.approx(100.0)
     duration = 0.63  # first send 0.0 -> last end 0.5 + 0.13
-    assert m["duration_s"] == pytest.approx(duration)
-    assert m["output_throughput_tok_s"] == pytest.approx(5 / duration)
-    assert m["total_token_throughput_tok_s"] == pytest.approx(205 / duration)
-    assert m["request_throughput_req_s"] == pytest.approx(2 / duration)
-    assert m["p99_ttft_ms"] == pytest.approx(float(np.percentile([50, 100], 99)))
+    assert m.duration_s == pytest.approx(duration)
+    assert m.output_throughput_tok_s == pytest.approx(5 / duration)
+    assert m.total_token_throughput_tok_s == pytest.approx(205 / duration)
+    assert m.request_throughput_req_s == pytest.approx(2 / duration)
+    assert m.p99_ttft_ms == pytest.approx(float(np.percentile([50, 100], 99)))
 
 
 def test_errors_count_but_add_no_tokens_and_durations_add_up() -> None:
     ok = rec(0.0, [10.0, 20.0])
     bad = rec(0.0, [5.0], error="HTTP 500: boom")
     m = compute_metrics([[ok, bad], [rec(10.0, [10.0, 20.0])]])
-    assert (m["completed"], m["errors"]) == (2, 1)
-    assert m["duration_s"] == pytest.approx(0.04)
-    assert m["total_output_tokens"] == 4
+    assert (m.completed, m.errors) == (2, 1)
+    assert m.duration_s == pytest.approx(0.04)
+    assert m.total_output_tokens == 4
 
 
 def test_single_token_output_has_no_tpot() -> None:
     assert tpot_ms(rec(0.0, [10.0])) is None
-    assert compute_metrics([[rec(0.0, [10.0])]])["mean_tpot_ms"] is None
+    assert compute_metrics([[rec(0.0, [10.0])]]).mean_tpot_ms is None
 
 
 def test_cached_share_none_when_not_reported_never_zero() -> None:
@@ -81,7 +81,7 @@ def test_cached_share_none_when_not_reported_never_zero() -> None:
 def test_goodput_counts_requests_meeting_every_slo() -> None:
     a, b = rec(0.0, [40.0, 50.0]), rec(0.0, [80.0, 90.0])
     m = compute_metrics([[a, b]], parse_slo("ttft_ms=60,tpot_ms=20"))
-    assert m["request_goodput_req_s"] == pytest.approx(1 / 0.09)
+    assert m.request_goodput_req_s == pytest.approx(1 / 0.09)
 
 
 def test_parse_slo_rejects_unknown_keys() -> None:

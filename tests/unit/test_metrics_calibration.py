@@ -48,8 +48,8 @@ def _batches() -> tuple[np.ndarray, dict[tuple[int, int], list[RequestRecord]]]:
     for (t, i), recs in groups.items():
         m = compute_metrics([recs])
         out[t, iters.index(i)] = (
-            m["total_input_tokens"] + m["total_output_tokens"],  # type: ignore[operator]
-            m["duration_s"],
+            m.total_input_tokens + m.total_output_tokens,
+            m.duration_s,
             sum(r.ttft_ms or 0.0 for r in recs),
             len(recs),
         )

@@ -264,8 +264,8 @@ def test_the_proprietary_package_pattern(package: str, proprietary: bool) -> Non
 @pytest.mark.parametrize(
     ("platform", "build", "prerequisites"),
     [
-        ("ubuntu-22.04-x86_64", ["linux-headers-6.8.0-45-generic"], ["python3-debian"]),
-        ("ubuntu-24.04-aarch64", ["linux-headers-6.8.0-45-generic"], ["python3-debian"]),
+        ("ubuntu-22.04-x86_64", ["linux-headers-6.8.0-45-generic"], []),
+        ("ubuntu-24.04-aarch64", ["linux-headers-6.8.0-45-generic"], []),
         (
             "rhel-9.4-x86_64",
             ["kernel-devel-6.8.0-45-generic", "dkms"],
@@ -277,7 +277,7 @@ def test_dkms_gets_the_running_kernels_build_files_and_the_repo_tools_are_there(
     platform: str, build: list[str], prerequisites: list[str]
 ) -> None:
     """DKMS builds for the running kernel: its headers/kernel-devel are named explicitly (with
-    install_recommends false nothing pulls them); deb822_repository needs python3-debian, dnf
+    install_recommends false nothing pulls them); the apt repository needs nothing extra, dnf
     versionlock its plugin."""
     running = {"kernel": "6.8.0-45-generic"}
     got = _render(
@@ -336,3 +336,73 @@ def test_a_running_kernel_without_the_arguments_needs_the_gates_reboot() -> None
 
     assert missing("BOOT_IMAGE=/vmlinuz ro quiet\n") == ["iommu=pt"]
     assert missing("BOOT_IMAGE=/vmlinuz ro iommu=pt quiet\n") == []
+
+
+# `lspci -n -m` lines (slot "class" "vendor" "device" ...), hand-written in that format: an HGX
+# H100 baseboard's GPUs are 3D controllers (0302), its NVSwitches NVIDIA bridges (0680); a
+# Mellanox NIC (15b3, 0207) and an Intel bridge of class 0680 (8086) are no NVSwitch.
+_LSPCI_HGX = [
+    '00:00.0 "0600" "8086" "09a2" -r04 "8086" "0000"',
+    '00:1f.4 "0680" "8086" "1bc9" -r09 "15d9" "1c48"',
+    '18:00.0 "0302" "10de" "2330" -ra1 "10de" "16c1"',
+    '1a:00.0 "0207" "15b3" "1021" "15b3" "0023"',
+    '07:00.0 "0680" "10de" "22a3" -ra1 "10de" "1796"',
+    '08:00.0 "0680" "10de" "22a3" -ra1 "10de" "1796"',
+]
+_LSPCI_PCIE_L40S = [
+    '00:00.0 "0600" "8086" "09a2" -r04 "8086" "0000"',
+    '00:1f.4 "0680" "8086" "1bc9" -r09 "15d9" "1c48"',
+    '3b:00.0 "0302" "10de" "26b9" -ra1 "10de" "1851"',
+]
+
+
+@pytest.mark.parametrize(
+    ("setting", "lspci", "switches", "wanted"),
+    [
+        ("auto", _LSPCI_HGX, ["07:00.0", "08:00.0"], True),
+        ("auto", _LSPCI_PCIE_L40S, [], False),  # a PCIe GPU server: no Fabric Manager
+        ("never", _LSPCI_HGX, ["07:00.0", "08:00.0"], False),
+        ("always", [], [], True),
+    ],
+)
+def test_fabric_manager_only_where_an_nvswitch_is_on_the_pci_bus(
+    setting: str, lspci: list[str], switches: list[str], wanted: bool
+) -> None:
+    common = {
+        "nvidia_driver_fabricmanager": setting,
+        "_nvidia_driver_lspci": {"stdout_lines": lspci},
+    }
+    got = _render("nvidia_driver", "ubuntu-22.04-x86_64", "_nvidia_driver_nvswitches", **common)
+    assert list(got) == switches
+    assert (
+        _render(
+            "nvidia_driver", "ubuntu-22.04-x86_64", "_nvidia_driver_fabricmanager_wanted", **common
+        )
+        is wanted
+    )
+
+
+@pytest.mark.parametrize(
+    ("platform", "version", "package"),
+    [
+        ("ubuntu-22.04-x86_64", "", "nvidia-fabricmanager-580"),
+        # Fabric Manager starts only against the driver of its own version: pinned alike.
+        (
+            "ubuntu-24.04-aarch64",
+            "580.82.07-0ubuntu1",
+            "nvidia-fabricmanager-580=580.82.07-0ubuntu1",
+        ),
+        ("rhel-9.4-x86_64", "", "nvidia-fabric-manager"),
+    ],
+)
+def test_fabric_manager_package_follows_the_driver_branch(
+    platform: str, version: str, package: str
+) -> None:
+    got = _render(
+        "nvidia_driver",
+        platform,
+        "_nvidia_driver_fabricmanager_install_name | trim",
+        nvidia_driver_branch="580",
+        nvidia_driver_version=version,
+    )
+    assert got == package

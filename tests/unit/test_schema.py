@@ -71,9 +71,16 @@ def test_reference_lists_every_key_with_its_rule_and_default() -> None:
     assert "rate: a number > 0, inf or null  [default: null]" in text
 
 
-def test_ab_test_help_prints_the_workload_spec_reference() -> None:
-    result = CliRunner().invoke(main, ["ab-test", "--help"])
+@pytest.mark.parametrize(
+    "command",
+    [["ab-test", "--help"], ["advise", "trace", "--help"], ["advise", "x.yaml", "--help"]],
+)
+def test_every_command_that_reads_a_workload_spec_prints_its_reference(
+    command: list[str],
+) -> None:
+    result = CliRunner().invoke(main, command)
     assert result.exit_code == 0
+    assert "Workload spec (" in result.output
     for field in dataclasses.fields(WorkloadSpec):
         assert f"\n    {field.name}: " in result.output
 

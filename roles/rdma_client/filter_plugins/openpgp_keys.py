@@ -1,0 +1,1 @@
+../../nvidia_driver/filter_plugins/openpgp_keys.py

@@ -1,0 +1,168 @@
+"""The repository roles pin their vendors' signing keys by fingerprint, and a --check preview on
+a host without the vendor repositories yet previews their packages instead of failing.
+
+The fingerprint filter is checked against gpg's own answer for the lab key
+(`gpg --with-colons --show-keys tests/lab/files/lab-repo-key.asc`, recorded below) and against
+the same key re-framed in the other OpenPGP packet format (RFC 4880 section 4.2), so neither the
+armor nor the framing can be read wrong unnoticed.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = REPO / "roles"
+LAB_KEY = REPO / "tests" / "lab" / "files" / "lab-repo-key.asc"
+LAB_KEY_FINGERPRINT = "B233E651D1F4CEA32271F977E6D611B401770A50"  # gpg --show-keys
+
+
+def _filters() -> ModuleType:
+    path = ROLES / "nvidia_driver" / "filter_plugins" / "openpgp_keys.py"
+    spec = importlib.util.spec_from_file_location("openpgp_keys", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _armor(data: bytes) -> str:
+    b64 = base64.b64encode(data).decode()
+    lines = [b64[i : i + 64] for i in range(0, len(b64), 64)]
+    return "\n".join(
+        ["-----BEGIN PGP PUBLIC KEY BLOCK-----", "", *lines, "-----END PGP PUBLIC KEY BLOCK-----"]
+    )
+
+
+def test_the_fingerprint_is_the_one_gpg_prints() -> None:
+    assert _filters().openpgp_fingerprints(LAB_KEY.read_text()) == [LAB_KEY_FINGERPRINT]
+
+
+def test_the_fingerprint_does_not_depend_on_the_packet_framing() -> None:
+    f = _filters()
+    [(tag, body), *rest] = f._packets(f._dearmor(LAB_KEY.read_text()))
+    assert tag == 6 and f._dearmor(LAB_KEY.read_text())[0] & 0x40 == 0  # gpg wrote old format
+    new_format = bytes([0xC0 | 6, len(body)]) + body  # the same key packet, new format
+    assert len(body) < 192
+    assert f.openpgp_fingerprints(_armor(new_format)) == [LAB_KEY_FINGERPRINT]
+    # Another key body is another fingerprint (the SHA-1 covers the whole packet body).
+    changed = body[:-1] + bytes([body[-1] ^ 1])
+    assert f.openpgp_fingerprints(_armor(bytes([0xC6, len(changed)]) + changed)) != [
+        LAB_KEY_FINGERPRINT
+    ]
+    assert rest, "the lab key also carries its user id and signature packets"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("<html>404 Not Found</html>", "not an ASCII-armored OpenPGP public key"),
+        (_armor(b"\x01\x02"), "no packet header"),
+        (_armor(bytes([0xC6, 50]) + b"\x04" * 10), "truncated OpenPGP packet"),
+        (_armor(bytes([0xC6, 3]) + b"\x03ab"), "only v4 keys are supported"),
+        (_armor(bytes([0xCD, 3]) + b"uid"), "holds no public key"),
+    ],
+)
+def test_anything_but_a_v4_public_key_is_a_clear_error(text: str, error: str) -> None:
+    with pytest.raises(AnsibleFilterError, match=error):
+        _filters().openpgp_fingerprints(text)
+
+
+def test_vendor_fingerprints_are_compared_without_spaces_or_prefix() -> None:
+    normalize = _filters().normalize_fingerprint
+    assert normalize("eb69 3b30 35cd 5710 e231  e123 a4b4 6996 3bf8 63cc") == (
+        "EB693B3035CD5710E231E123A4B469963BF863CC"
+    )
+    assert normalize("0xA024F6F0E6D6A281") == "A024F6F0E6D6A281"
+
+
+def test_rdma_client_uses_the_same_filter_file() -> None:
+    link = ROLES / "rdma_client" / "filter_plugins" / "openpgp_keys.py"
+    assert link.is_symlink()
+    assert link.resolve() == (ROLES / "nvidia_driver" / "filter_plugins" / "openpgp_keys.py")
+
+
+def _render(expr: str, variables: dict[str, Any]) -> Any:
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return templar.template(trust_as_template(expr))
+
+
+def _role_vars(role: str, os_family: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in ("defaults", "vars"):
+        loaded = yaml.safe_load((ROLES / role / part / "main.yml").read_text())
+        out.update(
+            {k: trust_as_template(v) if isinstance(v, str) else v for k, v in loaded.items()}
+        )
+    out["ansible_facts"] = {"os_family": os_family}
+    return out
+
+
+@pytest.mark.parametrize(
+    ("os_family", "fingerprint"),
+    [("Debian", "EB693B3035CD5710E231E123A4B469963BF863CC"), ("RedHat", "")],
+)
+def test_the_cuda_key_defaults_to_nvidias_published_fingerprint(
+    os_family: str, fingerprint: str
+) -> None:
+    variables = _role_vars("nvidia_driver", os_family)
+    got = _render("{{ nvidia_driver_cuda_repo_key_fingerprint | trim }}", variables)
+    assert got == fingerprint
+
+
+def _set_fact_expr(role: str, task_name: str, fact: str) -> str:
+    tasks = yaml.safe_load((ROLES / role / "tasks" / "main.yml").read_text())
+    [task] = [t for t in tasks if t.get("name") == task_name]
+    return str(task["ansible.builtin.set_fact"][fact])
+
+
+@pytest.mark.parametrize(
+    ("check_mode", "manage", "repo_file_exists", "pending"),
+    [
+        (True, True, False, True),  # a fresh host previewed: the repository is still to come
+        (True, True, True, False),  # added by an earlier run: its packages can be previewed
+        (False, True, False, False),  # a real run adds the repository first
+        (True, False, False, False),  # repositories managed elsewhere: preview as usual
+    ],
+)
+def test_a_preview_waits_for_the_repository_only_where_it_is_missing(
+    check_mode: bool, manage: bool, repo_file_exists: bool, pending: bool
+) -> None:
+    stat = {"stat": {"exists": repo_file_exists}} if check_mode and manage else {"skipped": True}
+    driver = _set_fact_expr(
+        "nvidia_driver",
+        "Nvidia_driver | Record whether the CUDA repository is still to be added",
+        "nvidia_driver_cuda_repo_pending",
+    )
+    got = _render(
+        driver,
+        {
+            "ansible_check_mode": check_mode,
+            "nvidia_driver_cuda_repo_manage": manage,
+            "_nvidia_driver_repo_file": stat,
+        },
+    )
+    assert got is pending
+    doca = _set_fact_expr(
+        "rdma_client",
+        "Rdma_client | Record whether the DOCA repository is still to be added",
+        "rdma_client_doca_repo_pending",
+    )
+    variables = {
+        "ansible_check_mode": check_mode,
+        "rdma_client_doca_repo_manage": manage,
+        "rdma_client_stack": "doca-ofed",
+        "_rdma_client_repo_file": stat,
+    }
+    assert _render(doca, variables) is pending
+    assert _render(doca, {**variables, "rdma_client_stack": "rdma-core"}) is False
