@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from kvops.cli.group import KvopsGroup
+from kvops.cli.spec_help import package_list_reference_epilog
 from kvops.lab.config import MAX_SLOT, LabConfig, find_project_root
 from kvops.lab.demo import run_demo
 from kvops.lab.errors import LabError
@@ -100,7 +101,7 @@ _slot_option = click.option(
 )
 
 
-@lab.command("up")
+@lab.command("up", epilog=package_list_reference_epilog())
 @click.option("--hosts", "hosts", type=click.IntRange(1, 50), default=2, show_default=True)
 @click.option("--name-prefix", default="kvlab", show_default=True, help="Hosts are PREFIX-1..N.")
 @click.option(
