@@ -12,7 +12,7 @@ help:
 	@echo "make demo   set up .venv and run kvops ab-test on the embedded simulated engines"
 	@echo "make test   install missing system packages (as root), set up .venv (dev extras), lint, whole suite"
 	@echo "make lint   only the lint gates;  make unit   only the unit tier"
-	@echo "make lab    bring the local lab up (disposable Debian test hosts)"
+	@echo "make lab    (root) the local lab end to end: hosts, site.yml, deploy.yml, validate, smoke, ab-test --deploy"
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,7 @@ test: system-deps lint
 	@$(BIN)/pytest -q $(PYTEST_ARGS)
 
 lab: $(STAMP)
-	@$(BIN)/kvops lab up
+	@$(BIN)/kvops lab demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache runs

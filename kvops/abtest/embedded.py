@@ -24,15 +24,9 @@ from pathlib import Path
 
 from kvops.abtest.arms import Arm
 from kvops.errors import KvopsError
+from kvops.sim.lmcache_config import DEFAULT_GDS_BUFFER_MIB, gds_offload_keys
 
 OFFLOAD_CONFIG = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
-# The offload engine's LMCache settings besides gds_path (written to its LMCACHE_CONFIG_FILE;
-# `kvops.abtest.predict` builds the same engine from them for the virtual-time prediction).
-OFFLOAD_LMCACHE: dict[str, object] = {
-    "chunk_size": 256,
-    "local_cpu": False,
-    "gds_buffer_size": 8192,
-}
 
 
 @dataclass(frozen=True)
@@ -42,6 +36,15 @@ class SimProfile:
     storage: str = "ontap-nfs-rdma-200g"
     time_scale: float = 0.1
     seed: int = 0
+    # the offload engine's LMCache: GDS staging buffer (MiB of VRAM) and a CPU DRAM tier in
+    # front of GDS (GB; 0 = none, as LMCache's GDS docs configure it)
+    gds_buffer_mib: int = DEFAULT_GDS_BUFFER_MIB
+    cpu_tier_gb: float = 0.0
+
+    def offload_lmcache(self) -> dict[str, object]:
+        """The offload engine's LMCache keys besides gds_path (written to its
+        LMCACHE_CONFIG_FILE; `kvops.abtest.predict` builds the same engine from them)."""
+        return gds_offload_keys(self.gds_buffer_mib, self.cpu_tier_gb)
 
 
 class EngineStartError(KvopsError, RuntimeError):
@@ -81,14 +84,15 @@ class EmbeddedEngines:
         return cmd
 
     def lmcache_config(self) -> Path:
-        """The offload arm's LMCache config: GDS backend on a directory in the run folder, no
-        CPU hot tier (as LMCache's GDS docs), so reused prefixes really come from storage."""
+        """The offload arm's LMCache config: GDS backend on a directory in the run folder; no
+        CPU hot tier unless the profile asks for one (LMCache's GDS docs configure none), so
+        reused prefixes really come from storage."""
         gds_dir = self.log_dir / "gds-offload"
         if self.fresh_storage and gds_dir.exists():
             shutil.rmtree(gds_dir)
         gds_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / "lmcache-offload.yaml"
-        keys = {**OFFLOAD_LMCACHE, "gds_path": str(gds_dir.resolve())}
+        keys = {**self.profile.offload_lmcache(), "gds_path": str(gds_dir.resolve())}
         path.write_text(
             "# written by kvops ab-test for the embedded offload engine\n"
             + "".join(f"{k}: {json.dumps(v)}\n" for k, v in keys.items())

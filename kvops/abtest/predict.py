@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvops.abtest.arms import Arm
-from kvops.abtest.embedded import OFFLOAD_LMCACHE
+from kvops.abtest.embedded import SimProfile
 from kvops.abtest.experiment import Options, segment_plan
 from kvops.abtest.rundir import RunDir
 from kvops.loadgen.record import RequestRecord
@@ -67,7 +67,7 @@ def predict(
     }
     plan_arms = [Arm(a.name, "embedded") for a in arms]
     records: dict[tuple[str, str], list[RequestRecord]] = {}
-    prefixes = {s.name: make_prefixes(s, alphabet) for s in scenarios}
+    prefixes = {s.name: make_prefixes(s, alphabet, options.seed) for s in scenarios}
     for spec, trial, arm in segment_plan(scenarios, plan_arms, options.trials):
         engine = engines[arm.name]
         if options.reset_cache:
@@ -76,8 +76,9 @@ def predict(
         out = records.setdefault((spec.name, arm.name), [])
         for iteration in range(spec.iterations):
             planned = plan_iteration(
-                spec, alphabet, prefixes[spec.name], trial=trial, iteration=iteration
-            )
+                spec, alphabet, prefixes[spec.name], trial=trial, iteration=iteration,
+                run_seed=options.seed,
+            )  # fmt: skip
             warm = iteration < options.warmup_iterations
             for group in batch_groups(len(planned), spec.batch_size):
                 batch = [planned[i] for i in group]
@@ -128,9 +129,10 @@ def _as_client_record(
     )
 
 
-def embedded_arms(kv_capacity_scale: float) -> list[EmbeddedArm]:
-    """The two engines `EmbeddedEngines` starts, as model settings."""
-    offload_lmcache = LMCacheSettings(**OFFLOAD_LMCACHE, gds_path="(virtual)")  # type: ignore[arg-type]
+def embedded_arms(kv_capacity_scale: float, profile: SimProfile | None = None) -> list[EmbeddedArm]:
+    """The two engines `EmbeddedEngines` starts for `profile`, as model settings."""
+    keys = (profile or SimProfile()).offload_lmcache()
+    offload_lmcache = LMCacheSettings(**keys, gds_path="(virtual)")  # type: ignore[arg-type]
     return [
         EmbeddedArm("baseline", EngineSettings(kv_capacity_scale=kv_capacity_scale)),
         EmbeddedArm(
@@ -151,7 +153,7 @@ def predict_run(run_dir: RunDir) -> Prediction | None:
     if not run.get("embedded") or not isinstance(sim, dict) or saved is None:
         return None
     options = Options(**run.get("options", {}))
-    arms = embedded_arms(float(run.get("scale", 1.0)))
+    arms = embedded_arms(float(run.get("scale", 1.0)), SimProfile(**sim))
     full = predict(specs, arms, options, saved[0], sim, float(sim["time_scale"]))
     if full is None:
         return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 
 import numpy as np
 
@@ -49,10 +50,13 @@ class ArmResult:
     e2e_sum_s: float = 0.0
     itl_count: int = 0
     ttft_s: list[float] = field(default_factory=list)
+    arrivals_s: list[float] = field(default_factory=list)  # of the requests in `ttft_s`
+    # Spans of earlier, separately replayed windows (see `merge`), added to the current one.
+    earlier_spans_s: float = 0.0
 
     @property
     def duration_s(self) -> float:
-        return max(0.0, self.last_finish_s - self.first_arrival_s)
+        return self.earlier_spans_s + max(0.0, self.last_finish_s - self.first_arrival_s)
 
     @property
     def total_token_throughput_tok_s(self) -> float:
@@ -90,12 +94,17 @@ class ArmResult:
         times = rec.token_times_s
         if rec.first_token_s is not None:
             self.ttft_s.append(rec.first_token_s - rec.arrival_s)
+            self.arrivals_s.append(rec.arrival_s)
         if len(times) > 1:
             self.itl_sum_s += times[-1] - times[0]
             self.itl_count += len(times) - 1
         if rec.finish_s is not None:
             self.e2e_sum_s += rec.finish_s - rec.arrival_s
             self.last_finish_s = max(self.last_finish_s, rec.finish_s)
+
+    @property
+    def mean_e2e_s(self) -> float:
+        return self.e2e_sum_s / self.completed if self.completed else 0.0
 
     @property
     def mean_concurrency(self) -> float:
@@ -124,6 +133,46 @@ class ArmResult:
         }
 
 
+def window_span_s(part: ArmResult) -> float:
+    """What one window adds to the duration of the whole trace it was cut from: its arrivals'
+    span (tiled: one mean gap added) plus how much longer its last arrivals waited for a first
+    token than its first ones (a growing queue, when the engine falls behind; negative when it
+    drains). A window's own last finish would add a tail the whole trace has only once."""
+    c = len(part.arrivals_s)
+    if c < 2:
+        return 0.0
+    order = np.argsort(part.arrivals_s, kind="stable")
+    arrivals = np.asarray(part.arrivals_s)[order]
+    ttft = np.asarray(part.ttft_s)[order]
+    q = max(1, c // 10)
+    growth_s = float(np.mean(ttft[-q:]) - np.mean(ttft[:q]))
+    return float(arrivals[-1] - arrivals[0]) * c / (c - 1) + growth_s
+
+
+def merge(name: str, parts: list[ArmResult], tail_share: float = 1.0) -> ArmResult:
+    """Windows replayed apart, as one result: sums of tokens and times. The duration is the
+    sum of the windows' spans (`window_span_s`) plus `tail_share` of one tail (the mean time in
+    system; the windows' share of the whole trace, whose last finish trails its last arrival
+    once)."""
+    out = ArmResult(name, num_gpu_blocks=parts[0].num_gpu_blocks if parts else 0)
+    for p in parts:
+        out.completed += p.completed
+        out.rejected += p.rejected
+        out.prompt_tokens += p.prompt_tokens
+        out.output_tokens += p.output_tokens
+        out.gpu_hit_tokens += p.gpu_hit_tokens
+        out.offload_hit_tokens += p.offload_hit_tokens
+        out.preemptions += p.preemptions
+        out.itl_sum_s += p.itl_sum_s
+        out.e2e_sum_s += p.e2e_sum_s
+        out.itl_count += p.itl_count
+        out.ttft_s += p.ttft_s
+        out.arrivals_s += p.arrivals_s
+        out.earlier_spans_s += window_span_s(p)
+    out.earlier_spans_s += tail_share * out.mean_e2e_s
+    return out
+
+
 def run_arm(
     name: str,
     workload: Workload,
@@ -131,33 +180,46 @@ def run_arm(
     profiles: Profiles,
     settings: EngineSettings,
     progress: Progress | None = None,
+    warmup: int = 0,
+    preload_chunks: list[int] | None = None,
 ) -> ArmResult:
     """Replay every group of the workload through one engine; EngineError if the engine cannot
-    be built (e.g. no KV memory left)."""
+    be built (e.g. no KV memory left).
+
+    For a window cut out of a longer trace: the first `warmup` requests are replayed but not
+    counted (they bring the GPU prefix cache and the queue to the state the window starts in),
+    and `preload_chunks` are on the offload tier's persistent level from the start (what
+    requests before the warm-up stored; GDS never evicts)."""
     engine = build_engine(profiles.model, profiles.gpu, profiles.storage, settings)
+    if preload_chunks and engine.offload is not None:
+        engine.offload.preload(preload_chunks)
     result = ArmResult(name, num_gpu_blocks=engine.cache.num_blocks)
+    warm = {str(r.line) for r in islice(workload.requests(), warmup)}
     first = True
+    seen = 0
     for group in workload.groups:
         base_s = engine.now_s if group.closed else 0.0
         reqs = group.requests
-        if first and reqs:
-            result.first_arrival_s = base_s + reqs[0].arrival_s
+        if first and seen + len(reqs) > warmup:
+            result.first_arrival_s = base_s + reqs[max(0, warmup - seen)].arrival_s
             first = False
+        seen += len(reqs)
         i, n = 0, len(reqs)
         while True:
             if not engine.has_work():
                 if i == n:
                     break
-                i = _add(engine, reqs, i, base_s, builder, result, limit_s=None)
+                i = _add(engine, reqs, i, base_s, builder, result, limit_s=None, warm=warm)
                 continue
-            i = _add(engine, reqs, i, base_s, builder, result, engine.next_step_start_s())
+            i = _add(engine, reqs, i, base_s, builder, result, engine.next_step_start_s(), warm)
             step = engine.step()
             if step is None or not step.finished:
                 continue
-            for rec in step.finished:
+            counted = [rec for rec in step.finished if rec.request_id not in warm]
+            for rec in counted:
                 result.add(rec)
-            if progress is not None:
-                progress(len(step.finished))
+            if progress is not None and counted:
+                progress(len(counted))
     if progress is not None and result.rejected:
         progress(len(result.rejected))
     return result
@@ -171,6 +233,7 @@ def _add(
     builder: PromptBuilder,
     result: ArmResult,
     limit_s: float | None,
+    warm: set[str] | None = None,
 ) -> int:
     """Add requests from index i whose arrival is at or before `limit_s` (at least one when
     `limit_s` is None); returns the next index. Requests the engine refuses are recorded."""
@@ -178,12 +241,14 @@ def _add(
     while i < n and (limit_s is None or base_s + reqs[i].arrival_s <= limit_s):
         req = reqs[i]
         i += 1
+        counted = not warm or str(req.line) not in warm
         if req.prompt_len + req.output_tokens > engine.max_model_len:
             # Refused before its tokens are built: a bogus length must not allocate them.
-            result.rejected.append(
-                f"line {req.line}: {req.prompt_len} prompt + {req.output_tokens} output tokens "
-                f"exceed the model's maximum context length ({engine.max_model_len})"
-            )
+            if counted:
+                result.rejected.append(
+                    f"line {req.line}: {req.prompt_len} prompt + {req.output_tokens} output "
+                    f"tokens exceed the model's maximum context length ({engine.max_model_len})"
+                )
             if limit_s is None:
                 break
             continue
@@ -192,7 +257,8 @@ def _add(
         try:
             engine.add_request(model_req)
         except ValueError as exc:
-            result.rejected.append(f"line {req.line}: {exc}")
+            if counted:
+                result.rejected.append(f"line {req.line}: {exc}")
             continue
         if limit_s is None:
             break

@@ -13,9 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvops.advise.arms import Profiles, run_arm
+from kvops.advise.arms import Profiles
 from kvops.advise.ranges import with_read_bandwidth
-from kvops.advise.workload import PromptBuilder, Workload
 from kvops.sim.model import EngineSettings, build_engine
 from kvops.sim.records import Request
 
@@ -79,26 +78,24 @@ def simulated_break_even_gb_s(
 
 
 def throughput_flip_gb_s(
-    workload: Workload,
-    builder: PromptBuilder,
+    replay_offload_s: Callable[[Profiles], float],
     profiles: Profiles,
-    offload: EngineSettings,
     baseline_duration_s: float,
     nominal_gap: float,
     guess_gb_s: float,
 ) -> float | None:
-    """Read bandwidth at which the offload arm takes as long as the baseline over `workload`
-    (its throughput equals the baseline's); `nominal_gap` is the relative duration gap already
-    measured at the profile's bandwidth (saves one replay)."""
+    """Read bandwidth at which the offload arm takes as long as the baseline over the replayed
+    requests (its throughput equals the baseline's). `replay_offload_s(profiles)` replays the
+    offload arm with those profiles over the same requests as `baseline_duration_s` and returns
+    its duration; `nominal_gap` is the relative duration gap already measured at the profile's
+    bandwidth (saves one replay)."""
     nominal = profiles.storage.read_bandwidth_gb_s
 
     def gap(bandwidth: float) -> float:
         if bandwidth == nominal:
             return nominal_gap
-        arm = run_arm(
-            "offload", workload, builder, with_read_bandwidth(profiles, bandwidth), offload
-        )
-        return arm.duration_s / baseline_duration_s - 1
+        duration_s = replay_offload_s(with_read_bandwidth(profiles, bandwidth))
+        return duration_s / baseline_duration_s - 1
 
     if guess_gb_s <= 0 or abs(guess_gb_s / nominal - 1) < 0.05:
         guess_gb_s = nominal / 2

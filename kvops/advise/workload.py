@@ -12,7 +12,7 @@ so a 100,000-request trace never holds every prompt in memory at once.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -118,24 +118,41 @@ class Reuse:
         return self.reusable_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def measure_reuse(workload: Workload, builder: PromptBuilder, unit_tokens: int) -> Reuse:
-    """One pass over the prompts, hashing `unit_tokens`-token chunks the way LMCache keys them
-    (the simulator's `PromptHasher`, chained over the whole prefix). Requests given as hash ids
-    are counted by their ids directly (one unit per hash block), which needs no tokens at all."""
+def request_units(
+    workload: Workload, builder: PromptBuilder, unit_tokens: int
+) -> Iterator[tuple[TraceRequest, list[int], int]]:
+    """Each request with the keys of its whole units, in prompt order, and the unit's length:
+    `unit_tokens`-token chunks hashed the way LMCache keys them (the simulator's `PromptHasher`,
+    chained over the whole prefix), or, for requests given as hash ids, the ids of their full
+    blocks directly (one unit per hash block), which needs no tokens at all. Equal keys mean
+    equal prefixes up to the unit's end."""
     hasher = PromptHasher(unit_tokens, unit_tokens)
-    seen: Counter[int] = Counter()
-    first_of: Counter[int] = Counter()
-    total = reusable = 0
-    shared_tokens = 0
-    shared_lengths: list[int] = []
     for req in workload.requests():
-        total += req.prompt_len
         if req.hash_ids is not None:
             unit = builder.block
             keys = [-1 - h for h in req.hash_ids[: req.prompt_len // unit]]  # full blocks only
         else:
             unit = unit_tokens
             keys = hasher(builder.tokens(req))[1]
+        yield req, keys, unit
+
+
+def measure_reuse(
+    workload: Workload,
+    builder: PromptBuilder,
+    unit_tokens: int,
+    units: Iterable[tuple[TraceRequest, list[int], int]] | None = None,
+) -> Reuse:
+    """One pass over the prompts' units (`request_units`, or the same already computed)."""
+    seen: Counter[int] = Counter()
+    first_of: Counter[int] = Counter()
+    total = reusable = 0
+    shared_tokens = 0
+    shared_lengths: list[int] = []
+    if units is None:
+        units = request_units(workload, builder, unit_tokens)
+    for req, keys, unit in units:
+        total += req.prompt_len
         hits = 0
         for h in keys:
             if h not in seen:

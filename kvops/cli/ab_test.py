@@ -26,6 +26,7 @@ from kvops.lab.config import find_project_root
 from kvops.loadgen.record import RequestRecord
 from kvops.metrics import parse_slo
 from kvops.report.abtest_table import render_table
+from kvops.sim.lmcache_config import DEFAULT_GDS_BUFFER_MIB
 from kvops.workload.spec import (
     PRESET_NAMES,
     REQUEST_ORDERS,
@@ -226,6 +227,22 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     "within 0.1..1, so a smaller workload runs slower-than-life and the host's own overhead "
     "stays small against the modelled times).",
 )
+@click.option(
+    "--sim-gds-buffer-mib",
+    type=click.IntRange(0),
+    default=DEFAULT_GDS_BUFFER_MIB,
+    show_default=True,
+    help="Embedded offload engine: LMCache gds_buffer_size, MiB of GPU memory taken from its "
+    "KV cache (shown in the report beside each arm's KV blocks).",
+)
+@click.option(
+    "--sim-cpu-tier-gb",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="Embedded offload engine: an LMCache CPU DRAM tier of this size in front of GDS "
+    "(local_cpu + max_local_cpu_size; read first, written through; 0 = none).",
+)
 def ab_test(**kw: Any) -> RC:
     """Compare serving with and without KV-cache offload on the same workload.
 
@@ -323,6 +340,8 @@ class CliArgs:
     sim_model: str
     sim_storage: str
     sim_time_scale: float | None
+    sim_gds_buffer_mib: int = DEFAULT_GDS_BUFFER_MIB
+    sim_cpu_tier_gb: float = 0.0
     deploy: bool = False
     inventories: tuple[str, ...] = ()
     limit: str | None = None
@@ -373,7 +392,12 @@ def _request(a: CliArgs) -> AbTestRequest:
         options=options,
         scale=a.scale,
         sim=SimProfile(
-            a.sim_model, a.sim_gpu, a.sim_storage, a.sim_time_scale or auto_time_scale(a.scale)
+            a.sim_model,
+            a.sim_gpu,
+            a.sim_storage,
+            a.sim_time_scale or auto_time_scale(a.scale),
+            gds_buffer_mib=a.sim_gds_buffer_mib,
+            cpu_tier_gb=a.sim_cpu_tier_gb,
         ),
         seed=a.seed,
         slo=parse_slo(a.slo),

@@ -238,8 +238,9 @@ def _progress_stage(enabled: bool) -> tuple[Progress | None, Stage | None]:
 )  # fmt: skip
 @click.option("--strict", is_flag=True, help="Fail on the first malformed line (default: skip it).")
 @click.option(
-    "--sample-requests", default=5000, show_default=True, type=click.IntRange(min=1),
-    help="Ranges and the flip-point search replay at most this many requests.",
+    "--sample-requests", default=2000, show_default=True, type=click.IntRange(min=1),
+    help="A longer trace is sampled: this many requests in windows of 250 (ranges and "
+    "flip search on 2 of the windows); a longer spec runs ranges on its first this many.",
 )  # fmt: skip
 @click.option("--quick", is_flag=True, help="Nominal arms only: no ranges, no flip-point search.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

@@ -1,12 +1,15 @@
-"""`kvops lab up|down|status`: the local lab of disposable Debian test hosts (needs root).
+"""`kvops lab up|down|status|restart|demo`: the local lab of disposable Debian test hosts
+(needs root).
 
-Thin: options in, :class:`kvops.lab.lab.Lab` does the work, one clear line out on failure
-(exit 2, "could not run", never a traceback). ``make lab`` runs ``kvops lab up``.
+Thin: options in, :class:`kvops.lab.lab.Lab` (and :mod:`kvops.lab.demo`) does the work, one
+clear line out on failure (exit 2, "could not run", never a traceback). ``make lab`` runs
+``kvops lab demo``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +17,9 @@ from pathlib import Path
 import click
 
 from kvops.cli.group import KvopsGroup
+from kvops.cli.spec_help import package_list_reference_epilog
 from kvops.lab.config import MAX_SLOT, LabConfig, find_project_root
+from kvops.lab.demo import run_demo
 from kvops.lab.errors import LabError
 from kvops.lab.lab import Lab, missing_prerequisites, slot_lock
 
@@ -76,6 +81,8 @@ def lab() -> None:
     the machine), sshd as PID 1, CAP_SYS_MODULE dropped, a local apt repo of test doubles.
 
     \b
+    kvops lab demo                the whole path: hosts, site.yml, deploy.yml, validate,
+                                  smoke --host, ab-test --deploy (what `make lab` runs)
     kvops lab up --hosts 3        start 3 hosts; writes inventories/lab/hosts.yml and .ssh/
     ansible-playbook -i inventories/lab playbooks/site.yml
     kvops validate -i inventories/lab
@@ -94,7 +101,7 @@ _slot_option = click.option(
 )
 
 
-@lab.command("up")
+@lab.command("up", epilog=package_list_reference_epilog())
 @click.option("--hosts", "hosts", type=click.IntRange(1, 50), default=2, show_default=True)
 @click.option("--name-prefix", default="kvlab", show_default=True, help="Hosts are PREFIX-1..N.")
 @click.option(
@@ -186,3 +193,38 @@ def status(as_json: bool, slot: int) -> None:
         state = "up" if h["ssh"] else ("process alive, no ssh" if h["alive"] else "DEAD")
         click.echo(f"  {h['name']:<16} {h['ip']:<14} {state}")
     click.echo(f"inventory: {report['inventory']}")
+
+
+@lab.command("demo")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("runs/lab-demo"),
+    show_default=True,
+    help="The ab-test run directory (replaced if there).",
+)
+def demo(out: Path) -> None:
+    """Provision, validate and prove on the lab, end to end (what `make lab` runs; root).
+
+    \b
+    Two hosts up (slot 0, replacing a lab there), playbooks/site.yml converged on both,
+    playbooks/deploy.yml (kvlab-1 offload, kvlab-2 baseline), kvops validate, kvops smoke
+    --host kvlab-1, then kvops ab-test --deploy switching kvlab-1 between baseline and offload
+    on multi-shared-prefix (scale 0.05, 2 trials). Several minutes; the hosts stay up after it
+    (kvops lab down).
+    """
+    if os.geteuid() != 0:
+        raise LabError(
+            "kvops lab demo needs root: the lab creates network namespaces, a bridge and "
+            "mounts (run `sudo make lab`, or `sudo .venv/bin/kvops lab demo`)"
+        )
+    root = find_project_root()
+    if root is None or not (root / "tests" / "lab" / "deploy_lab_vars.yml").is_file():
+        raise LabError("kvops lab demo runs the lab files of a kvops checkout: run it from one")
+    _require_lab()
+    with _lab_errors():
+        run_dir = run_demo(root, out, lambda msg: click.echo(msg, err=True))
+    click.echo(f"report: {run_dir / 'report.md'}")
+    click.echo(f"        {run_dir / 'report.html'}")
+    click.echo(f"results: {run_dir / 'results.json'} (deploys: {run_dir / 'deploys.jsonl'})")
+    click.echo("lab hosts stay up: inventories/lab/hosts.yml; tear down: kvops lab down")

@@ -17,7 +17,13 @@ import click
 
 from kvops.cli.group import KvopsGroup
 from kvops.errors import KvopsError
-from kvops.sim.lmcache_config import LMCacheConfigError, LMCacheSettings, load_lmcache_settings
+from kvops.sim.lmcache_config import (
+    DEFAULT_GDS_BUFFER_MIB,
+    LMCacheConfigError,
+    LMCacheSettings,
+    gds_offload_keys,
+    load_lmcache_settings,
+)
 from kvops.sim.model import EngineSettings, build_engine
 from kvops.sim.profiles import (
     ProfileError,
@@ -27,6 +33,7 @@ from kvops.sim.profiles import (
     profile_reference,
 )
 from kvops.sim.seed_workloads import SeedShape
+from kvops.workload.spec import WorkloadSpec
 
 
 def _check_profiles(model: str, gpu: str, storage: str) -> None:
@@ -235,6 +242,14 @@ _SHAPE_OPTIONS = [
     click.option("--cpu-tier-gb", default=0.0, show_default=True, type=click.FloatRange(0),
                  help="Offload arm: an LMCache CPU DRAM tier of this size in front of GDS "
                       "(local_cpu + max_local_cpu_size; read first, written through)."),
+    click.option("--gds-buffer-mib", default=DEFAULT_GDS_BUFFER_MIB, show_default=True,
+                 type=click.IntRange(0),
+                 help="Offload arm: LMCache gds_buffer_size, MiB of GPU memory taken from its "
+                      "KV cache (0: the buffer lives outside --gpu-memory-utilization)."),
+    click.option("--scale", default=1.0, show_default=True,
+                 type=click.FloatRange(0, 1, min_open=True),
+                 help="Shrink every token length and the GPU KV cache by this factor, exactly "
+                      "as `kvops ab-test --scale` does (make demo: 0.1)."),
 ]  # fmt: skip
 
 
@@ -251,13 +266,20 @@ def _shape(opts: dict[str, Any]) -> SeedShape:
         raise click.BadParameter("must exceed --prefix-tokens", param_hint="--prompt-tokens")
     if opts["warmup_iterations"] >= opts["iterations"]:
         raise click.BadParameter("must be below --iterations", param_hint="--warmup-iterations")
-    return SeedShape(
+    # the lengths --scale gives, by the same rule as the workload presets of kvops ab-test
+    lengths = WorkloadSpec(
+        num_prefixes=1,
         prefix_tokens=opts["prefix_tokens"],
-        suffix_tokens=opts["prompt_tokens"] - opts["prefix_tokens"],
+        prompt_tokens=opts["prompt_tokens"],
+        output_tokens=opts["output_tokens"],
+    ).scaled(opts["scale"])
+    return SeedShape(
+        prefix_tokens=lengths.prefix_tokens,
+        suffix_tokens=lengths.prompt_tokens - lengths.prefix_tokens,
         num_prefixes=opts["num_prefixes"],
         batch_size=opts["batch_size"],
         iterations=opts["iterations"],
-        output_tokens=opts["output_tokens"],
+        output_tokens=lengths.output_tokens,
         vocab_size=load_model(opts["model"]).vocab_size,
         seed=opts["seed"],
         request_order=opts["request_order"],
@@ -265,20 +287,20 @@ def _shape(opts: dict[str, Any]) -> SeedShape:
 
 
 def _arm_settings(opts: dict[str, Any]) -> Callable[[bool], EngineSettings]:
-    """Engine settings per arm: offload with an LMCache GDS tier (8 GiB buffer), behind a CPU
-    DRAM tier of --cpu-tier-gb when given (LMCache reads the fastest tier holding a chunk and
-    writes every chunk to every tier)."""
-    cpu_gb = float(opts["cpu_tier_gb"])
+    """Engine settings per arm: offload with an LMCache GDS tier (--gds-buffer-mib of GPU
+    memory), behind a CPU DRAM tier of --cpu-tier-gb when given (LMCache reads the fastest
+    tier holding a chunk and writes every chunk to every tier); the KV cache shrunk by --scale
+    as the embedded engines of `kvops ab-test --scale` shrink theirs. The same LMCache keys as
+    those engines (`gds_offload_keys`), so the two agree on one configuration."""
+    keys = gds_offload_keys(int(opts["gds_buffer_mib"]), float(opts["cpu_tier_gb"]))
 
     def settings(offload: bool) -> EngineSettings:
-        lm = LMCacheSettings(
-            local_cpu=cpu_gb > 0,
-            max_local_cpu_size=cpu_gb,
-            gds_path="(virtual)",
-            gds_buffer_size=8192,
-        )
+        lm = LMCacheSettings(**keys, gds_path="(virtual)")  # type: ignore[arg-type]
         return EngineSettings(
-            offload=offload, lmcache=lm, tensor_parallel_size=opts["tensor_parallel_size"]
+            offload=offload,
+            lmcache=lm,
+            tensor_parallel_size=opts["tensor_parallel_size"],
+            kv_capacity_scale=float(opts["scale"]),
         )
 
     return settings
@@ -304,9 +326,16 @@ def run(**opts: Any) -> None:
     out["shape"] = dataclasses.asdict(shape)
     skip = opts["warmup_iterations"] * shape.batch_size
     for arm, offload in (("baseline", False), ("offload", True)):
-        engine = build_engine(model, gpu, storage, _arm_settings(opts)(offload))
+        settings = _arm_settings(opts)(offload)
+        engine = build_engine(model, gpu, storage, settings)
         summary = summarize(run_batches(engine, seed_batches(scenario, shape)), skip)
-        out[arm] = {"num_gpu_blocks": engine.cache.num_blocks, **dataclasses.asdict(summary)}
+        out[arm] = {
+            "num_gpu_blocks": engine.cache.num_blocks,
+            "gds_buffer_mib": settings.gds_buffer_reserved_mib,
+            "cpu_tier_gb": settings.lmcache.max_local_cpu_size
+            if offload and settings.lmcache.local_cpu else 0.0,
+            **dataclasses.asdict(summary),
+        }  # fmt: skip
     json.dump(out, sys.stdout, indent=2)
     click.echo()
 

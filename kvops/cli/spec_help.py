@@ -1,12 +1,13 @@
-"""The workload spec reference that `--help` prints, for every command that reads a workload
-YAML (`ab-test --workload FILE`, `advise TRACE`).
+"""The spec references that `--help` prints: the workload spec for every command that reads a
+workload YAML (`ab-test --workload FILE`, `advise TRACE`), the test package list for `lab up`.
 
-Why one place: the reference is generated from the spec's field metadata (kvops.schema), so
+Why one place: each reference is generated from its spec's field metadata (kvops.schema), so
 the help cannot drift from what the strict loader accepts; each command shows the same text.
 """
 
 from __future__ import annotations
 
+from kvops.lab.aptrepo import package_list_reference
 from kvops.workload.spec import spec_reference
 
 
@@ -15,5 +16,14 @@ def workload_reference(given_as: str) -> str:
     return (
         f"\b\nWorkload spec ({given_as}: YAML, strict: unknown keys and bad values are errors):\n"
         + "\n".join("  " + line for line in spec_reference().splitlines())
+        + "\n"
+    )
+
+
+def package_list_reference_epilog() -> str:
+    return (
+        "\b\nPackage list (--packages FILE: YAML, strict: unknown keys and bad values are "
+        "errors):\n"
+        + "\n".join("  " + line for line in package_list_reference().splitlines())
         + "\n"
     )

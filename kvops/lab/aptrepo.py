@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,11 +20,14 @@ import yaml
 
 from kvops.errors import KvopsError
 from kvops.lab.errors import LabError, run
+from kvops.schema import load_strict, reference, spec_field
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
-VERSION_RE = re.compile(r"^(\d+:)?[0-9][A-Za-z0-9.+~-]*$")
+NAME_RE = r"[a-z0-9][a-z0-9+.-]+"  # Debian Policy 5.6.1 (Package)
+VERSION_RE = r"(\d+:)?[0-9][A-Za-z0-9.+~-]*"  # Debian Policy 5.6.12 (Version)
 FILE_KINDS = ("double", "fixture", "file", "content", "symlink")
 RELATIONS = ("depends", "conflicts", "provides", "replaces")
+# https://www.debian.org/doc/debian-policy/ch-controlfields.html
+ABSOLUTE_RE = r"/(?!(.*/)?\.\.(/|$)).*"
 
 
 class PackageSpecError(KvopsError, ValueError):
@@ -59,35 +61,98 @@ class RepoSpec:
     apt_source: str
 
 
-def _file_spec(where: str, raw: Any) -> FileSpec:
-    if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
-        raise PackageSpecError(f"{where}: each file needs a 'path' string")
-    path = raw["path"]
-    if not path.startswith("/") or ".." in path.split("/"):
-        raise PackageSpecError(f"{where}: path {path!r} must be absolute without '..'")
-    kinds = [k for k in FILE_KINDS if k in raw]
+# --- the YAML as written, checked by kvops.schema from these fields' metadata ---------------
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a package (or one double installed straight into every host)."""
+
+    path: str = spec_field(
+        pattern=ABSOLUTE_RE, pattern_is="an absolute path without '..'", help="Path in the host."
+    )
+    mode: str | None = spec_field(
+        None, pattern=r"0[0-7]{3}", pattern_is="a mode like '0644'",
+        help="Octal mode (default 0755 for a double, else 0644).",
+    )  # fmt: skip
+    double: str | None = spec_field(None, help="A file in tests/lab/doubles/.")
+    fixture: str | None = spec_field(None, help="A recorded real output under tests/fixtures/.")
+    file: str | None = spec_field(None, help="A config file under tests/lab/files/.")
+    content: str | None = spec_field(None, help='Inline text; "{name}", "{version}" substituted.')
+    symlink: str | None = spec_field(None, help="A symlink to this target.")
+
+
+_RELATION = {"pattern": r".*\S.*", "pattern_is": "a Debian relation"}
+
+
+@dataclass(frozen=True)
+class PackageEntry:
+    name: str = spec_field(
+        pattern=NAME_RE, pattern_is="a valid Debian package name", help="Package name."
+    )
+    versions: tuple[str, ...] = spec_field(
+        pattern=VERSION_RE, pattern_is="a valid Debian version", min_items=1, item="version",
+        help="Every version built; the last one is the newest.",
+    )  # fmt: skip
+    description: str = spec_field(
+        pattern=r"(?s).*\S.*", pattern_is="a one-line description", help="Package description."
+    )
+    files: tuple[FileEntry, ...] = spec_field((), help="Files the package ships.")
+    depends: tuple[str, ...] = spec_field((), **_RELATION, help='Depends ("{version}" ok).')
+    conflicts: tuple[str, ...] = spec_field((), **_RELATION, help="Conflicts.")
+    provides: tuple[str, ...] = spec_field((), **_RELATION, help="Provides.")
+    replaces: tuple[str, ...] = spec_field((), **_RELATION, help="Replaces.")
+    postinst: str | None = spec_field(None, help="A double in tests/lab/doubles/ run as postinst.")
+    vars: Mapping[str, str] = spec_field(
+        default_factory=dict, help='Extra "{key}" substitutions in file contents.'
+    )
+
+
+@dataclass(frozen=True)
+class RepoEntry:
+    """The list's top level; `packages` (a non-empty list of `PackageEntry`) is checked one
+    package at a time, so that each message names its package."""
+
+    schema: int = spec_field(minimum=1, help="Format version of the list (1).")
+    host_doubles: tuple[FileEntry, ...] = spec_field((), help="Doubles put straight into hosts.")
+    repo_dir_in_host: str = spec_field(
+        "/srv/kvops-test-repo", pattern=ABSOLUTE_RE, pattern_is="an absolute path without '..'",
+        help="Where hosts see the repository.",
+    )  # fmt: skip
+    apt_source: str = spec_field(
+        "deb [trusted=yes] file:/srv/kvops-test-repo ./", help="The hosts' only apt source line."
+    )
+
+
+def _file_spec(where: str, entry: FileEntry) -> FileSpec:
+    """The one rule the field metadata cannot say: exactly one kind of content per file."""
+    kinds = [k for k in FILE_KINDS if getattr(entry, k) is not None]
     if len(kinds) != 1:
-        raise PackageSpecError(f"{where} {path}: give exactly one of {', '.join(FILE_KINDS)}")
+        raise PackageSpecError(f"{where} {entry.path}: give exactly one of {', '.join(FILE_KINDS)}")
     kind = kinds[0]
-    source = raw[kind]
-    if not isinstance(source, str):
-        raise PackageSpecError(f"{where} {path}: '{kind}' must be a string")
-    default_mode = "0755" if kind == "double" else "0644"
-    mode_text = str(raw.get("mode", default_mode))
-    if not re.fullmatch(r"0[0-7]{3}", mode_text):
-        raise PackageSpecError(f"{where} {path}: mode must look like '0644', got {mode_text!r}")
-    unknown = set(raw) - {"path", "mode", kind}
-    if unknown:
-        raise PackageSpecError(f"{where} {path}: unknown keys {sorted(unknown)}")
-    return FileSpec(path=path, kind=kind, source=source, mode=int(mode_text, 8))
+    mode = entry.mode or ("0755" if kind == "double" else "0644")
+    return FileSpec(path=entry.path, kind=kind, source=getattr(entry, kind), mode=int(mode, 8))
 
 
-def _str_list(where: str, key: str, raw: Any) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list) or not all(isinstance(x, str) and x for x in raw):
-        raise PackageSpecError(f"{where}: '{key}' must be a list of strings")
-    return tuple(raw)
+def _package(entry: PackageEntry) -> PackageSpec:
+    where = f"package {entry.name}"
+    if len(set(entry.versions)) != len(entry.versions):
+        raise PackageSpecError(f"{where}: a version is listed twice")
+    files = tuple(_file_spec(where, f) for f in entry.files)
+    paths = [f.path for f in files]
+    if len(set(paths)) != len(paths):
+        raise PackageSpecError(f"{where}: a path is listed twice")
+    relations = {key: getattr(entry, key) for key in RELATIONS}
+    return PackageSpec(
+        entry.name, entry.versions, entry.description.strip(), files, relations,
+        entry.postinst, entry.vars,
+    )  # fmt: skip
+
+
+def _where(raw: Any, i: int) -> str:
+    """How a package entry is named in messages before it is checked: by its name if any."""
+    name = raw.get("name") if isinstance(raw, dict) else None
+    return f"package {name}" if isinstance(name, str) else f"packages[{i}]"
 
 
 def parse_spec(doc: Any) -> RepoSpec:
@@ -97,56 +162,38 @@ def parse_spec(doc: Any) -> RepoSpec:
     raw_packages = doc.get("packages")
     if not isinstance(raw_packages, list) or not raw_packages:
         raise PackageSpecError("package list: 'packages' must be a non-empty list")
-    packages: list[PackageSpec] = []
+    try:
+        # each package under its own name, so a message says which package is wrong
+        entries = [
+            PackageEntry(**load_strict(PackageEntry, raw, _where(raw, i)))
+            for i, raw in enumerate(raw_packages)
+        ]
+        top = {k: v for k, v in doc.items() if k != "packages"}
+        repo = RepoEntry(**load_strict(RepoEntry, top, "package list"))
+    except ValueError as exc:
+        raise PackageSpecError(str(exc)) from None
     seen: set[str] = set()
-    for i, raw in enumerate(raw_packages):
-        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-            raise PackageSpecError(f"packages[{i}]: needs a 'name'")
-        name = raw["name"]
-        where = f"package {name}"
-        if not NAME_RE.match(name):
-            raise PackageSpecError(f"{where}: not a valid Debian package name")
-        if name in seen:
-            raise PackageSpecError(f"{where}: listed twice")
-        seen.add(name)
-        unknown = set(raw) - {"name", "versions", "description", "files", "postinst", "vars"}
-        unknown -= set(RELATIONS)
-        if unknown:
-            raise PackageSpecError(f"{where}: unknown keys {sorted(unknown)}")
-        versions = _str_list(where, "versions", raw.get("versions"))
-        if not versions:
-            raise PackageSpecError(f"{where}: needs at least one version")
-        for version in versions:
-            if not VERSION_RE.match(version):
-                raise PackageSpecError(f"{where}: {version!r} is not a valid Debian version")
-        if len(set(versions)) != len(versions):
-            raise PackageSpecError(f"{where}: a version is listed twice")
-        description = raw.get("description")
-        if not isinstance(description, str) or not description.strip():
-            raise PackageSpecError(f"{where}: needs a one-line 'description'")
-        files_raw = raw.get("files") or []
-        if not isinstance(files_raw, list):
-            raise PackageSpecError(f"{where}: 'files' must be a list")
-        files = tuple(_file_spec(where, f) for f in files_raw)
-        paths = [f.path for f in files]
-        if len(set(paths)) != len(paths):
-            raise PackageSpecError(f"{where}: a path is listed twice")
-        relations = {key: _str_list(where, key, raw.get(key)) for key in RELATIONS}
-        postinst = raw.get("postinst")
-        if postinst is not None and not isinstance(postinst, str):
-            raise PackageSpecError(f"{where}: 'postinst' must name a double")
-        pvars = raw.get("vars") or {}
-        if not isinstance(pvars, dict) or not all(isinstance(v, str) for v in pvars.values()):
-            raise PackageSpecError(f"{where}: 'vars' must map names to strings")
-        packages.append(
-            PackageSpec(name, versions, description.strip(), files, relations, postinst, pvars)
-        )
-    host_doubles = tuple(_file_spec("host_doubles", f) for f in doc.get("host_doubles") or [])
+    for entry in entries:
+        if entry.name in seen:
+            raise PackageSpecError(f"package {entry.name}: listed twice")
+        seen.add(entry.name)
     return RepoSpec(
-        packages=tuple(packages),
-        host_doubles=host_doubles,
-        repo_dir_in_host=str(doc.get("repo_dir_in_host", "/srv/kvops-test-repo")),
-        apt_source=str(doc.get("apt_source", "deb [trusted=yes] file:/srv/kvops-test-repo ./")),
+        packages=tuple(_package(e) for e in entries),
+        host_doubles=tuple(_file_spec("host_doubles", f) for f in repo.host_doubles),
+        repo_dir_in_host=repo.repo_dir_in_host,
+        apt_source=repo.apt_source,
+    )
+
+
+def package_list_reference() -> str:
+    """The package list's keys, from the same field metadata that checks them."""
+    return "\n".join(
+        f"{title}:\n" + "\n".join("  " + line for line in reference(cls).splitlines())
+        for title, cls in (
+            ("package list (and packages: a non-empty list)", RepoEntry),
+            ("each of packages", PackageEntry),
+            ("each of files, host_doubles", FileEntry),
+        )
     )
 
 

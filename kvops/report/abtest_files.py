@@ -9,6 +9,7 @@ plots beside them.
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from pathlib import Path
 
 from kvops.loadgen.record import RequestRecord
@@ -52,8 +53,25 @@ def _arm_lines(doc: RunResults) -> list[str]:
     return [
         f"{a.name}: {a.url} — version {a.version}, model "
         f"{(a.models or ['?'])[0]}, max_model_len {a.max_model_len}"
+        + kv_memory_note(a.cache_config or {})
         for a in doc.arms
     ]
+
+
+def kv_memory_note(cache: Mapping[str, str]) -> str:
+    """The arm's KV-cache configuration as the server reports it (vLLM's cache_config_info;
+    the LMCache fields only from kvops sim): GPU blocks, the GDS staging buffer they lost,
+    the CPU tier in front of GDS."""
+    out = ""
+    if cache.get("num_gpu_blocks"):
+        out += f", {cache['num_gpu_blocks']} GPU KV blocks of {cache.get('block_size', '?')} tokens"
+    buffer_mib = cache.get("lmcache_gds_buffer_mib")
+    if buffer_mib not in (None, "", "0"):
+        out += f" (LMCache GDS buffer {buffer_mib} MiB taken from the KV cache)"
+    cpu_gb = cache.get("lmcache_local_cpu_gb")
+    if cpu_gb not in (None, "", "0", "0.0"):
+        out += f", LMCache CPU tier {cpu_gb} GB in front of GDS"
+    return out
 
 
 def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:

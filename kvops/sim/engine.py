@@ -47,6 +47,16 @@ class EngineSettings:
     # only for the on-GPU copy into the staging buffer; True makes the step wait for the write.
     store_blocking: bool = False
 
+    @property
+    def gds_buffer_reserved_mib(self) -> int:
+        """GPU memory (MiB) LMCache's GDS staging buffer takes out of the KV cache: the buffer
+        (`gds_buffer_size`, MiB of VRAM) lives inside the same `gpu_memory_utilization` share
+        as the KV blocks, so the pool shrinks by it; 0 without a GDS tier. Set the buffer
+        size to 0 to model a deployment that gave it memory outside that share instead."""
+        if not self.offload or not self.lmcache.gds_path:
+            return 0
+        return self.lmcache.staging_buffer_mib
+
 
 class _Seq:
     """Scheduler state of one request."""

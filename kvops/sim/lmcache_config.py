@@ -62,6 +62,23 @@ class LMCacheSettings:
             )
 
 
+# kvops' GDS offload engine (the embedded engines of `kvops ab-test`, `kvops sim run/sweep`):
+# LMCache's GDS staging buffer, MiB of GPU memory (`gds_buffer_size`), taken from the KV cache.
+DEFAULT_GDS_BUFFER_MIB = 8192
+
+
+def gds_offload_keys(gds_buffer_mib: int, cpu_tier_gb: float) -> dict[str, object]:
+    """LMCache keys (besides gds_path) of kvops' GDS offload engine: 256-token chunks, the GDS
+    buffer, and a CPU DRAM tier in front of GDS only when `cpu_tier_gb` > 0 (LMCache's GDS
+    docs configure none, so reused prefixes really come from storage)."""
+    return {
+        "chunk_size": 256,
+        "local_cpu": cpu_tier_gb > 0,
+        "max_local_cpu_size": cpu_tier_gb,
+        "gds_buffer_size": gds_buffer_mib,
+    }
+
+
 # The LMCacheSettings fields the simulator models; every other key LMCache knows is accepted
 # silently, as LMCache would, and unknown keys are LMCache's own warnings.
 _MODELLED = (

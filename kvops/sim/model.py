@@ -96,8 +96,7 @@ def build_engine(
             settings.tensor_parallel_size,
             settings.kv_capacity_scale,
         )
-        if lm.gds_path:
-            reserved = lm.staging_buffer_mib * 1024**2
+        reserved = settings.gds_buffer_reserved_mib * 1024**2
     tokens = costs.kv_capacity_tokens(
         settings.gpu_memory_utilization,
         settings.max_num_batched_tokens,

@@ -100,6 +100,12 @@ class SimServer:
             "kv_connector": connector,
             "kv_offload": str(s.offload),
             "kv_capacity_scale": str(s.kv_capacity_scale),
+            # kvops-only: the GPU memory LMCache's GDS staging buffer takes from the KV cache,
+            # and the CPU DRAM tier in front of GDS (what the ab-test report shows per arm)
+            "lmcache_gds_buffer_mib": str(s.gds_buffer_reserved_mib),
+            "lmcache_local_cpu_gb": str(
+                s.lmcache.max_local_cpu_size if s.offload and s.lmcache.local_cpu else 0
+            ),
         }
         self.metrics = ServerMetrics(self.engine, self.served_name, cache_info)
         self.writer: GdsChunkWriter | None = None

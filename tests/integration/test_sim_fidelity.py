@@ -2,10 +2,9 @@
 the same requests run through the pure engine in virtual time, and when the host cannot keep up
 the server says so on /metrics (`kvops:sim_emission_lag_seconds`).
 
-Tolerances are for a loaded 2-core machine shared with other test runs: the agreement test uses
-time scale 1 (modelled latencies of a few hundred ms, against host noise of a few ms) and a
-20% + 25 ms band; a server that stamped arrivals after parsing, stepped before a burst was in,
-or emitted on a stretched clock misses it by far more on this workload."""
+No wall-clock bound here (a loaded 2-core machine breaks any): the tests judge the instants the
+server itself stamped and scheduled; how late a busy host delivers is benchmarks/sim_fidelity.py's
+figure (issue 14 §5)."""
 
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ import time
 
 import aiohttp
 import numpy as np
+import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -35,18 +35,6 @@ def prompts(batch: int) -> list[list[int]]:
     return [rng.integers(16, 128_000, PROMPT_TOKENS).tolist() for _ in range(BATCH)]
 
 
-async def ttft_s(session: aiohttp.ClientSession, url: str, ids: list[int]) -> float:
-    body = json.dumps({"prompt": ids, "max_tokens": OUTPUT_TOKENS, "stream": True}).encode()
-    start = time.perf_counter()
-    first: float | None = None
-    async with session.post(url, data=body) as resp:
-        assert resp.status == 200
-        async for _ in resp.content.iter_any():
-            first = time.perf_counter() if first is None else first
-    assert first is not None
-    return first - start
-
-
 def lag_histogram(text: str) -> tuple[float, float]:
     """(sum, count) of the emission-lag histogram."""
     values = {
@@ -58,48 +46,62 @@ def lag_histogram(text: str) -> tuple[float, float]:
     return values[LAG + "_sum"], values[LAG + "_count"]
 
 
-def model_ttfts_s() -> list[float]:
-    """The same two closed-loop batches through the pure engine, in virtual seconds."""
-    engine = build_engine(settings=EngineSettings())
-    out: list[float] = []
-    for batch in range(2):
-        reqs = [
-            Request(f"b{batch}-{i}", engine.now_s, ids, OUTPUT_TOKENS)
-            for i, ids in enumerate(prompts(batch))
-        ]
-        out += [r.ttft_s or 0.0 for r in engine.run(reqs)]
-    return out
-
-
-def test_measured_ttft_matches_the_model_and_lag_stays_small() -> None:
+def test_server_acts_on_the_model_clock() -> None:
+    """Two closed-loop batches over HTTP. Judged on the instants the server itself recorded,
+    not on a wall-clock bound a busy host breaks: the server's records are exactly the pure
+    engine's for the arrivals it stamped (a server that stepped before a burst was in, or ran
+    its model on a stretched clock, differs), each burst is stamped inside its send window
+    (not after parsing a later request), and no token reaches the client before the model's
+    instant for it. How late tokens arrive on this host: benchmarks/sim_fidelity.py."""
     server = SimServer(ServerConfig(settings=EngineSettings(), time_scale=TIME_SCALE))
-    measured: list[float] = []
-    lag: tuple[float, float] = (0.0, 0.0)
+    sent: list[list[float]] = [[], []]  # per batch: loop-clock send instants
+    first_chunks: list[float] = []
+
+    async def ttft(session: aiohttp.ClientSession, url: str, ids: list[int], batch: int) -> None:
+        body = json.dumps({"prompt": ids, "max_tokens": OUTPUT_TOKENS, "stream": True}).encode()
+        loop = asyncio.get_running_loop()
+        sent[batch].append(loop.time())
+        async with session.post(url, data=body) as resp:
+            assert resp.status == 200
+            first: float | None = None
+            async for _ in resp.content.iter_any():
+                first = loop.time() if first is None else first
+        assert first is not None
+        first_chunks.append(first)
 
     async def main() -> None:
-        nonlocal lag
         test_server = TestServer(server.app(), host="127.0.0.1")
         await test_server.start_server()
-        base = str(test_server.make_url("")).rstrip("/")
+        url = str(test_server.make_url("")).rstrip("/") + "/v1/completions"
         try:
             async with aiohttp.ClientSession() as session:
                 for batch in range(2):  # closed loop, as ab-test sends batches
-                    url = base + "/v1/completions"
-                    jobs = [ttft_s(session, url, ids) for ids in prompts(batch)]
-                    measured.extend(await asyncio.gather(*jobs))
-                async with session.get(base + "/metrics") as resp:
-                    lag = lag_histogram(await resp.text())
+                    await asyncio.gather(*(ttft(session, url, ids, batch)
+                                           for ids in prompts(batch)))  # fmt: skip
         finally:
             await test_server.close()
 
     asyncio.run(main())
-    want = float(np.mean(model_ttfts_s())) * TIME_SCALE
-    got = float(np.mean(measured))
-    assert want > 0.1  # the workload is long against host noise, or the check means nothing
-    assert abs(got - want) <= 0.20 * want + 0.025, (got, want)
-    total, steps = lag
-    assert steps > 0
-    assert total / steps < 0.05  # mean lateness per step, wall seconds
+    records = sorted(server.recent_records, key=lambda r: r.arrival_s)
+    assert len(records) == 2 * BATCH
+    # the server's clock: wall instant = _real0 + virtual x scale (the loop's own clock)
+    wall = [[server._real0 + t * TIME_SCALE for t in (r.arrival_s, *r.token_times_s)]
+            for r in records]  # fmt: skip
+    for batch in range(2):
+        stamps = [w[0] for w in wall[batch * BATCH : (batch + 1) * BATCH]]
+        assert min(sent[batch]) <= min(stamps) and max(stamps) <= min(first_chunks[batch * BATCH :])
+    # the same requests, at the arrivals the server stamped, through the pure engine
+    engine = build_engine(settings=EngineSettings())
+    ids = prompts(0) + prompts(1)  # random prompts, no shared blocks: which is which is moot
+    replay = engine.run(
+        Request(f"r{i}", r.arrival_s, ids[i], OUTPUT_TOKENS) for i, r in enumerate(records)
+    )
+    for got, want in zip(records, replay, strict=True):
+        assert got.token_times_s == pytest.approx(want.token_times_s, rel=1e-9, abs=1e-9)
+    assert float(np.mean([r.ttft_s or 0.0 for r in records])) > 0.1  # a real prefill to model
+    # never early: each response's first chunk left after its batch's first modelled token
+    firsts = sorted(w[1] for w in wall)
+    assert all(got >= want - 1e-3 for got, want in zip(sorted(first_chunks), firsts, strict=True))
 
 
 def test_lag_metric_reports_a_blocked_event_loop() -> None:

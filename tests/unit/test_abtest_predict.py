@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
+from kvops.abtest.embedded import EmbeddedEngines, SimProfile
 from kvops.abtest.experiment import Options
 from kvops.abtest.predict import FIDELITY_TOLERANCE, embedded_arms, fidelity_warnings, predict
 from kvops.metrics import compute_metrics
+from kvops.report.abtest_files import kv_memory_note
 from kvops.result_types import MeasuredArm, PredictedFigures, ScenarioResult
 from kvops.workload.generate import Alphabet
 from kvops.workload.spec import load_preset, spec_from_dict
@@ -51,3 +57,30 @@ def test_fidelity_warning_only_beyond_the_tolerance() -> None:
     assert fidelity_warnings(measured(inside), pred) == []
     (warning,) = fidelity_warnings(measured(150.0), pred)
     assert "baseline mean_ttft_ms" in warning and "+50%" in warning
+
+
+def test_the_embedded_offload_engine_follows_the_sim_profile(tmp_path: Path) -> None:
+    """--sim-cpu-tier-gb / --sim-gds-buffer-mib reach the offload engine's LMCache file and
+    the prediction's engine alike (one configuration, two readers)."""
+    profile = SimProfile(cpu_tier_gb=2.5, gds_buffer_mib=1024)
+    written = yaml.safe_load(EmbeddedEngines(tmp_path, 0.1, profile).lmcache_config().read_text())
+    assert written["local_cpu"] is True and written["max_local_cpu_size"] == 2.5
+    assert written["gds_buffer_size"] == 1024 and written["gds_path"]
+    baseline, offload = embedded_arms(0.1, profile)
+    assert offload.settings.lmcache.local_cpu and offload.settings.lmcache.max_local_cpu_size == 2.5
+    assert offload.settings.gds_buffer_reserved_mib == 1024
+    assert baseline.settings.gds_buffer_reserved_mib == 0
+    default = yaml.safe_load(EmbeddedEngines(tmp_path, 0.1).lmcache_config().read_text())
+    assert default["local_cpu"] is False and default["gds_buffer_size"] == 8192
+
+
+def test_the_report_names_each_arms_kv_memory() -> None:
+    offload = {"num_gpu_blocks": "2376", "block_size": "16", "lmcache_gds_buffer_mib": "8192",
+               "lmcache_local_cpu_gb": "2.5"}  # fmt: skip
+    note = kv_memory_note(offload)
+    assert "2376 GPU KV blocks of 16 tokens" in note
+    assert "GDS buffer 8192 MiB taken from the KV cache" in note and "CPU tier 2.5 GB" in note
+    baseline = {"num_gpu_blocks": "2786", "block_size": "16", "lmcache_gds_buffer_mib": "0",
+                "lmcache_local_cpu_gb": "0"}  # fmt: skip
+    plain = kv_memory_note(baseline)
+    assert "GDS" not in plain and "CPU" not in plain

@@ -78,7 +78,7 @@ def _broken(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("files", [{"path": "/x", "content": "x", "double": "y"}], "exactly one"),
         ("files", [{"path": "/x", "content": "x", "mode": "644"}], "mode"),
         ("depends", "libfoo", "list of strings"),
-        ("recommends", ["x"], "unknown keys"),
+        ("recommends", ["x"], "unknown key"),
     ],
 )
 def test_malformed_entries_are_refused_with_the_package_named(

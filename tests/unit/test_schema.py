@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,62 @@ def test_bad_values_name_the_key_and_what_it_accepts(data: object, message: str)
     with pytest.raises(ValueError) as caught:
         load_strict(Example, data, "x.yaml")
     assert str(caught.value) == message
+
+
+@dataclass(frozen=True)
+class Part:
+    path: str = spec_field(pattern=r"/.*", pattern_is="an absolute path", help="Where.")
+
+
+@dataclass(frozen=True)
+class Whole:
+    tags: tuple[str, ...] = spec_field(
+        (), pattern=r"[a-z]+", pattern_is="a lowercase word", min_items=1, item="tag", help="T."
+    )
+    labels: Mapping[str, str] = spec_field(default_factory=dict, help="L.")
+    parts: tuple[Part, ...] = spec_field((), help="P.")
+
+
+def test_lists_mappings_and_nested_specs_load_checked() -> None:
+    loaded = load_strict(
+        Whole, {"tags": ["a", "b"], "labels": {"k": "v"}, "parts": [{"path": "/x"}]}, "w.yaml"
+    )
+    assert loaded == {"tags": ("a", "b"), "labels": {"k": "v"}, "parts": (Part("/x"),)}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"tags": "a"},
+            "w.yaml: tags must be a list of strings, each a lowercase word (at least 1)",
+        ),
+        ({"tags": []}, "w.yaml: tags: needs at least one tag"),
+        ({"tags": ["a", "B"]}, "w.yaml: tags: 'B' is not a lowercase word"),
+        ({"labels": {"k": 1}}, "w.yaml: labels must be a mapping of names to strings"),
+        ({"parts": [{"path": "x"}]}, "w.yaml: parts[0]: path: 'x' is not an absolute path"),
+        (
+            {"parts": [{"path": "/x", "pth": 1}]},
+            "w.yaml: parts[0]: unknown key(s) pth; allowed: path",
+        ),
+        ({"parts": [{}]}, "w.yaml: parts[0]: missing field 'path'"),
+        ({"parts": ["/x"]}, "w.yaml: parts[0]: expected a mapping of keys, got str"),
+    ],
+)
+def test_bad_items_name_their_place(data: object, message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        load_strict(Whole, data, "w.yaml")
+    assert str(caught.value) == message
+
+
+def test_lab_up_help_prints_the_package_list_reference() -> None:
+    from kvops.lab.aptrepo import FileEntry, PackageEntry, RepoEntry
+
+    result = CliRunner().invoke(main, ["lab", "up", "--help"])
+    assert result.exit_code == 0 and "Package list (--packages FILE" in result.output
+    for cls in (RepoEntry, PackageEntry, FileEntry):
+        for field in dataclasses.fields(cls):
+            assert f"\n      {field.name}: " in result.output
 
 
 def test_reference_lists_every_key_with_its_rule_and_default() -> None:

@@ -70,3 +70,42 @@ def test_a_cpu_dram_tier_in_front_of_slow_gds_serves_the_hits_faster() -> None:
     gds_only, big, tiny = offload_tput("0"), offload_tput("200"), offload_tput("1")
     assert big > gds_only * 1.2
     assert tiny == pytest.approx(gds_only, rel=0.1)
+
+
+def test_the_gds_buffer_comes_out_of_the_offload_arms_kv_cache_and_is_shown() -> None:
+    """--gds-buffer-mib is VRAM the offload arm's KV pool loses (reported per arm); 0 gives
+    both arms the same pool."""
+    shape = ["--scenario", "one-prefix", "--batch-size", "2", "--iterations", "2",
+             "--prefix-tokens", "512", "--prompt-tokens", "600",
+             "--output-tokens", "4"]  # fmt: skip
+
+    def arms(*extra: str) -> dict[str, dict[str, float]]:
+        result = CliRunner().invoke(sim, ["run", *shape, *extra])
+        assert result.exit_code == 0, result.output
+        doc: dict[str, dict[str, float]] = json.loads(result.output)
+        return doc
+
+    default, none, big = arms(), arms("--gds-buffer-mib", "0"), arms("--gds-buffer-mib", "16384")
+    assert (
+        default["offload"]["gds_buffer_mib"] == 8192 and default["baseline"]["gds_buffer_mib"] == 0
+    )
+    assert none["offload"]["num_gpu_blocks"] == none["baseline"]["num_gpu_blocks"]
+    # 8 GiB of an 8B model's 128 KiB-per-token KV (16-token blocks: 2 MiB each) = 4096 blocks
+    lost = default["baseline"]["num_gpu_blocks"] - default["offload"]["num_gpu_blocks"]
+    assert lost == pytest.approx(4096, abs=1)
+    assert big["offload"]["num_gpu_blocks"] == pytest.approx(
+        default["offload"]["num_gpu_blocks"] - 4096, abs=1
+    )
+
+
+def test_scale_shrinks_lengths_and_kv_cache_as_ab_test_does() -> None:
+    full = CliRunner().invoke(sim, ["run", "--iterations", "2", "--batch-size", "4"])
+    small = CliRunner().invoke(sim, ["run", "--iterations", "2", "--batch-size", "4",
+                                     "--scale", "0.1"])  # fmt: skip
+    assert full.exit_code == 0 and small.exit_code == 0, small.output
+    f, s = json.loads(full.output), json.loads(small.output)
+    # the multi-shared-prefix preset's lengths under `kvops ab-test --scale 0.1`
+    assert (s["shape"]["prefix_tokens"], s["shape"]["suffix_tokens"]) == (2800, 200)
+    assert s["shape"]["output_tokens"] == 6
+    for arm in ("baseline", "offload"):
+        assert s[arm]["num_gpu_blocks"] == pytest.approx(f[arm]["num_gpu_blocks"] * 0.1, abs=1)
