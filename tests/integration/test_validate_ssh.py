@@ -5,6 +5,8 @@ must be reported for that host while the others complete, and the run exits 2 (c
 The probe reads a recorded host tree (tests/doubles/recorded_host_double.py) and recorded tool
 outputs (tests/doubles/probe_tools_double); on the target it runs under Python 3.8 when pyenv
 has one (tests/old_pythons.py), so the stdlib-only promise is checked over the wire too.
+Become with a sudo password logs in as a disposable unprivileged account
+(tests/integration/sudo_account.py), since sudo never asks root for one.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -33,6 +36,7 @@ from recorded_host_double import (  # noqa: E402
     TOOLS_DOUBLE_DIR,
     build_recorded_tree,
 )
+from sudo_account import add_sudo_account, sudo_account_available  # noqa: E402
 
 TARGET_PYTHON = str(oldest_supported_python()[0])  # 3.8 where installed
 
@@ -255,6 +259,67 @@ def test_proxy_jump_and_become_over_ssh(lab: Lab, tmp_path: Path) -> None:
     assert transport["become"]["status"] == "ok", transport
     become = json.loads((tmp_path / "ev" / "become.json").read_text())
     assert become["items"]["mounts"]["error"].startswith("EACCES")
+
+
+def test_become_with_a_sudo_password_over_ssh(lab: Lab, tmp_path: Path) -> None:
+    """Logged in as an unprivileged user whose sudo asks for a password (sudo never asks
+    root): with `ansible_become_password` right, become answers sudo's prompt and the probe
+    runs as root (it reads the recorded tree, which is root's alone: the same user without
+    become gets EACCES); wrong, the host is an auth failure as soon as sudo asks again, not
+    a timeout; absent, the reason names the variable. The password is in no output."""
+    why_not = sudo_account_available()
+    if why_not:
+        unavailable(why_not)
+    password = f"kvops-pw-{os.urandom(6).hex()}"
+    # sshd reads authorized_keys as the user logging in, and pytest's tmp dirs are root's
+    # alone: this user's sshd lives in a directory others may enter.
+    shared = Path(tempfile.mkdtemp(prefix="kvops-sudo-sshd-"))
+    shared.chmod(0o755)
+    account = server = None
+    try:
+        account = add_sudo_account(f"kvsudo{os.getpid()}", password, shared)
+        authorized = lab.client_key.with_suffix(".pub").read_text().strip()
+        server = start_sshd(shared / "sshd", [authorized])
+        known = tmp_path / "known_hosts"
+        known.write_text(server.known_hosts_line)
+        port = server.port
+        login = {"ansible_user": account.name}
+        become = {**login, "ansible_become": True}
+        hosts = {
+            "right": lab.host(port, **become, ansible_become_password=password),
+            "wrong": lab.host(port, **become, ansible_become_password=password[::-1]),
+            "absent": lab.host(port, **become),
+            "no-become": lab.host(port, **login, ansible_python_interpreter="python3"),
+        }
+        inv = tmp_path / "hosts.yml"
+        inv.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+        proc = run_validate(
+            "-i", str(inv), "--known-hosts", str(known), "--timeout", "30", "--json",
+            "--save-evidence", str(tmp_path / "ev"),
+        )  # fmt: skip
+    finally:
+        if server is not None:
+            server.stop()
+        if account is not None:
+            account.remove()
+        shutil.rmtree(shared)
+    assert proc.returncode == 2, proc.stderr  # two hosts could not be probed
+    transport = json.loads(proc.stdout)["transport"]
+    assert transport["right"]["status"] == "ok", transport
+    right = json.loads((tmp_path / "ev" / "right.json").read_text())
+    assert "proto=rdma" in right["items"]["mounts"]["stdout"]  # read as root
+    assert transport["no-become"]["status"] == "ok", transport
+    unprivileged = json.loads((tmp_path / "ev" / "no-become.json").read_text())
+    assert unprivileged["items"]["mounts"]["error"].startswith("EACCES")
+    assert transport["wrong"]["status"] == "auth_failed", transport
+    assert "sudo password rejected" in transport["wrong"]["reason"]
+    assert transport["wrong"]["duration_s"] < 25, transport  # answered, not timed out (30 s)
+    assert transport["absent"]["status"] == "auth_failed", transport
+    assert "set ansible_become_password" in transport["absent"]["reason"]
+    assert "Traceback" not in proc.stderr
+    outputs = [proc.stdout, proc.stderr] + [p.read_text() for p in (tmp_path / "ev").iterdir()]
+    for text in outputs:
+        assert password not in text and password[::-1] not in text
 
 
 def test_inventory_user_known_hosts_file_is_used_without_known_hosts_option(
