@@ -3,7 +3,10 @@ prompts of 2,000 tokens over HTTP (time scale 1), the client's mean TTFT against
 (the reference, computed in the same run in virtual time), and the server's mean emission lag
 per step (`kvops:sim_emission_lag_seconds`). On a quiet machine the ratio is near 1.00 and the
 lag a few ms; on a loaded one both grow, which is why the test tier judges the server's own
-instants instead (tests/integration/test_sim_fidelity.py). Reports; never asserts.
+instants instead (tests/integration/test_sim_fidelity.py, test_sim_server.py). Second figure:
+how long the rest of a 100-token stream takes while another client's upload hangs (time scale
+0.05: ~50 ms of modelled decode plus at most one held step, ARRIVAL_WAIT_CAP_S = 0.25 s), and
+the server's own held time (`kvops:sim_arrival_wait_seconds`). Reports; never asserts.
 
     .venv/bin/python benchmarks/sim_fidelity.py
 """
@@ -21,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvops.sim.model import EngineSettings, build_engine
 from kvops.sim.records import Request
-from kvops.sim.server import ServerConfig, SimServer
+from kvops.sim.server import ARRIVAL_WAIT_CAP_S, ServerConfig, SimServer
+from kvops.sim.server_metrics import ARRIVAL_WAIT
 
 TIME_SCALE = 1.0
 BATCH = 8
@@ -75,6 +79,41 @@ async def _measure() -> tuple[list[float], float, float]:
     return measured, values[LAG + "_sum"], values[LAG + "_count"]
 
 
+def _metric(text: str, name: str) -> float:
+    return next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == name)  # fmt: skip
+
+
+async def _slow_upload() -> tuple[float, float]:
+    """(wall seconds for the rest of a 100-token stream after another client's upload began
+    to hang, wall seconds the server held a step for it)."""
+    server = SimServer(ServerConfig(settings=EngineSettings(), time_scale=0.05))
+    test_server = TestServer(server.app(), host="127.0.0.1")
+    await test_server.start_server()
+    base = str(test_server.make_url("")).rstrip("/")
+    assert test_server.port is not None
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = {"prompt": _prompts(0)[0][:500], "max_tokens": 100, "stream": True}
+            async with session.post(base + "/v1/completions", json=body) as resp:
+                await resp.content.readany()
+                _, writer = await asyncio.open_connection("127.0.0.1", test_server.port)
+                writer.write(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    b'application/json\r\nContent-Length: 1000\r\n\r\n{"prompt":'
+                )
+                await writer.drain()
+                start = time.perf_counter()
+                await resp.read()
+                rest_s = time.perf_counter() - start
+            async with session.get(base + "/metrics") as resp:
+                held_s = _metric(await resp.text(), ARRIVAL_WAIT + "_sum")
+            writer.close()
+    finally:
+        await test_server.close()
+    return rest_s, held_s
+
+
 def main() -> None:
     measured, lag_sum, steps = asyncio.run(_measure())
     want = float(np.mean(_model_ttfts_s())) * TIME_SCALE
@@ -82,6 +121,12 @@ def main() -> None:
     print(f"mean TTFT: client {got * 1e3:.1f} ms, model (reference) {want * 1e3:.1f} ms, "
           f"ratio {got / want:.2f}")  # fmt: skip
     print(f"emission lag: mean {1e3 * lag_sum / max(steps, 1):.1f} ms per step over {steps:g}")
+    rest_s, held_s = asyncio.run(_slow_upload())
+    print(
+        f"a hung upload: the other stream's last 99 tokens took {rest_s * 1e3:.0f} ms "
+        f"(model ~50 ms + at most one hold of {ARRIVAL_WAIT_CAP_S * 1e3:.0f} ms); "
+        f"the server held {held_s * 1e3:.0f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -193,11 +193,15 @@ class SimServer:
         """Let the requests that arrived by `start_s` (virtual) but are still being read and
         parsed join the step that starts then, as they would in the model."""
         loop = asyncio.get_running_loop()
+        held_from: float | None = None
         while True:
             now = loop.time()
             due = [give_up for arrival, give_up in self._arriving if arrival <= start_s]
             if not due or max(due) <= now:
+                if held_from is not None:
+                    self.metrics.observe_arrival_wait(now - held_from)
                 return
+            held_from = now if held_from is None else held_from
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), max(due) - now)

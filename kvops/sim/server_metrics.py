@@ -27,6 +27,7 @@ _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
 
 _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 EMISSION_LAG = "kvops:sim_emission_lag_seconds"
+ARRIVAL_WAIT = "kvops:sim_arrival_wait_seconds"
 
 
 class _EngineCollector(Collector):
@@ -153,10 +154,22 @@ class ServerMetrics:
                                       "were sent after the model scheduled them.", labels,
                                       registry=self.registry, buckets=_LAG_BUCKETS)  # fmt: skip
 
+        # kvops-only: the steps the engine held for requests that had arrived (their handler
+        # started) but were still being read, one observation per held step. A slow upload
+        # may hold one step, by at most the server's cap: more than one per slow request, or
+        # a long one, means one client's upload stalled everyone's tokens.
+        self.arrival_wait = Histogram(ARRIVAL_WAIT, "Wall seconds a step was held for requests "
+                                      "still being read.", labels, registry=self.registry,
+                                      buckets=_LAG_BUCKETS)  # fmt: skip
+
         self.emission_lag.labels(*self._values)  # present from the start: a reader diffs it
+        self.arrival_wait.labels(*self._values)
 
     def observe_lag(self, lag_s: float) -> None:
         self.emission_lag.labels(*self._values).observe(max(0.0, lag_s))
+
+    def observe_arrival_wait(self, wait_s: float) -> None:
+        self.arrival_wait.labels(*self._values).observe(max(0.0, wait_s))
 
     def observe(self, record: SimRequestRecord, time_scale: float) -> None:
         """Record a finished request's latencies in real seconds (virtual x time_scale)."""
