@@ -51,6 +51,7 @@ class PackageSpec:
     relations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     postinst: str | None = None
     vars: Mapping[str, str] = field(default_factory=dict)
+    prerm: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,9 @@ class PackageEntry:
     provides: tuple[str, ...] = spec_field((), **_RELATION, help="Provides.")
     replaces: tuple[str, ...] = spec_field((), **_RELATION, help="Replaces.")
     postinst: str | None = spec_field(None, help="A double in tests/lab/doubles/ run as postinst.")
+    prerm: str | None = spec_field(
+        None, help="A double in tests/lab/doubles/ run as prerm (undoes what postinst did)."
+    )
     vars: Mapping[str, str] = spec_field(
         default_factory=dict, help='Extra "{key}" substitutions in file contents.'
     )
@@ -145,7 +149,7 @@ def _package(entry: PackageEntry) -> PackageSpec:
     relations = {key: getattr(entry, key) for key in RELATIONS}
     return PackageSpec(
         entry.name, entry.versions, entry.description.strip(), files, relations,
-        entry.postinst, entry.vars,
+        entry.postinst, entry.vars, entry.prerm,
     )  # fmt: skip
 
 
@@ -306,10 +310,11 @@ def build_package(pkg: PackageSpec, version: str, sources: Sources, work: Path, 
     (tree / "DEBIAN/control").write_text(_control(pkg, version))
     if conffiles:
         (tree / "DEBIAN/conffiles").write_text("".join(c + "\n" for c in conffiles))
-    if pkg.postinst:
-        script = tree / "DEBIAN/postinst"
-        shutil.copyfile(sources.doubles / pkg.postinst, script)
-        script.chmod(0o755)
+    for name, double in (("postinst", pkg.postinst), ("prerm", pkg.prerm)):
+        if double:
+            script = tree / "DEBIAN" / name
+            shutil.copyfile(sources.doubles / double, script)
+            script.chmod(0o755)
     deb = out / f"{pkg.name}_{version.split(':', 1)[-1]}_all.deb"
     run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(tree), str(deb)])
     return deb

@@ -7,13 +7,26 @@ distribution's stack), no OFED kernel stack before nvidia-fs, nvidia-fs built be
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from lab_harness import LabHosts
-from site_lab import HERE, changed_tasks, explain, failure_messages, recap, run_role, run_site
+from site_lab import (
+    HERE,
+    SITE_VARS,
+    changed_tasks,
+    explain,
+    failure_messages,
+    recap,
+    run_role,
+    run_site,
+)
 
 from kvops.lab.wheelhouse import serve_directory
 
@@ -235,6 +248,53 @@ def test_nvidia_driver_refuses_a_proprietary_driver(guard: LabHosts, tmp_path: P
         assert not _installed(guard, "nvidia-driver-580-open")
     finally:
         _apt(guard, "purge", "nvidia-driver-580")
+
+
+def test_nvidia_driver_refuses_an_open_package_with_a_proprietary_module(
+    guard: LabHosts, tmp_path: Path
+) -> None:
+    """The package is the open one, at the pinned version, but the module file modprobe would
+    load is the proprietary nvidia.ko (built by hand over the DKMS one, as NVIDIA's .run
+    installer leaves a host): the package-name guard cannot see it; the license guard must,
+    since modinfo answers from the module file. Once that module is loaded (a boot would),
+    validate FAILs GDS-002 from the banner it printed in /proc/driver/nvidia/version."""
+    site_vars = yaml.safe_load(SITE_VARS.read_text())["all"]["children"]["gpu_hosts"]["vars"]
+    pinned = site_vars["nvidia_driver_version"]
+    _apt(guard, "install", f"nvidia-driver-580-open={pinned}")
+    kernel = guard.ssh(HOST, ["uname", "-r"]).stdout.strip()
+    dkms = f"/lib/modules/{kernel}/updates/dkms/nvidia.ko"
+    deb = f"/srv/kvops-test-repo/nvidia-driver-580_{pinned.split(':', 1)[-1]}_all.deb"
+    member = "./usr/share/kvops-test-doubles/modules/nvidia-driver/nvidia.ko"
+
+    def license_() -> str:
+        return guard.ssh(HOST, ["/usr/sbin/modinfo", "-F", "license", "nvidia"]).stdout.strip()
+
+    try:
+        assert license_() == "Dual MIT/GPL"  # what the open package's DKMS step installed
+        swap = f"dpkg-deb --fsys-tarfile {deb} | tar -xOf - {member} > {dkms}"
+        guard.ssh(HOST, ["sh", "-c", swap], sudo=True)
+        assert license_() == "NVIDIA"
+        proc = run_role(guard, tmp_path, "nvidia_driver", limit=HOST)
+        assert proc.returncode != 0, explain(proc)
+        msg = failure_messages(proc)
+        assert 'is not the open one (modinfo -F license nvidia: "NVIDIA";' in msg, msg
+        assert "nvidia" not in _loaded(guard)  # refused before loading it
+
+        guard.ssh(HOST, ["modprobe", "nvidia"], sudo=True)
+        banner = guard.read_file(HOST, "/var/lib/kvops-test-doubles/proc/driver/nvidia/version")
+        assert "NVIDIA UNIX x86_64 Kernel Module" in banner, banner
+        validate = [sys.executable, "-m", "kvops", "validate", "-i", str(guard.inventory_path),
+                    "-i", str(SITE_VARS), "-i", str(HERE / "validate_lab_vars.yml"),
+                    "--limit", HOST, "--json", "--timeout", "90"]  # fmt: skip
+        run = subprocess.run(validate, capture_output=True, text=True, env=guard.env(), timeout=300)
+        report = json.loads(run.stdout)
+        [driver] = [f for f in report["hosts"][HOST]["findings"] if f["check_id"] == "GDS-002"]
+        assert driver["severity"] == "FAIL", driver
+        assert "proprietary kernel module" in driver["message"], driver
+    finally:
+        guard.ssh(HOST, ["modprobe", "-r", "nvidia"], sudo=True, check=False)
+        _apt(guard, "purge", "nvidia-driver-580-open")
+        guard.ssh(HOST, ["rm", "-f", dkms], sudo=True)
 
 
 @pytest.fixture(scope="module")

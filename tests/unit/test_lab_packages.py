@@ -29,8 +29,9 @@ def test_the_committed_package_list_is_valid_and_every_source_exists(doc: dict[s
         for f in pkg.files:
             if f.kind in ("double", "fixture", "file"):
                 assert sources.resolve(f).is_file()
-        if pkg.postinst:
-            assert (sources.doubles / pkg.postinst).is_file()
+        for script in (pkg.postinst, pkg.prerm):
+            if script:
+                assert (sources.doubles / script).is_file()
     for f in spec.host_doubles:
         if f.kind == "double":
             assert sources.resolve(f).is_file()
