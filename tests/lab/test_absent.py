@@ -66,6 +66,13 @@ def test_the_mount_fstab_line_and_config_files_are_gone(gone: LabHosts) -> None:
         assert not host.file(path).exists, path
 
 
+def test_the_driver_module_file_is_gone(gone: LabHosts) -> None:
+    """The driver package's DKMS step is undone with it (its prerm, as `dkms remove`): no
+    nvidia.ko is left for modinfo or modprobe to find."""
+    proc = gone.ssh(HOST, ["/usr/sbin/modinfo", "nvidia"], check=False)
+    assert proc.returncode == 1 and "Module nvidia not found" in proc.stderr, proc
+
+
 def test_a_second_absent_run_changes_nothing(gone: LabHosts) -> None:
     proc = run_site(gone, limit=HOST, extra_vars=ABSENT)
     assert proc.returncode == 0, explain(proc)
