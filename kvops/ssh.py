@@ -5,6 +5,9 @@ Why it looks like this:
   the caller opted in to accepting new ones (then recorded, under a lock, for the next run); a
   CHANGED key is always refused: paramiko raises BadHostKeyException before authenticating,
   whatever the policy, and the message names both fingerprints.
+- Host certificates: a host with no plain key listed but covered by a `@cert-authority` line
+  is asked for its `*-cert-v01@openssh.com` key first, and the certificate paramiko hands over
+  (the key's public_blob) is judged by kvops.ssh_cert as ssh(1) judges it.
 - Jump hosts (`-J`/`ProxyJump`) are SSH clients in their own right, verified the same way, and
   each hop is a direct-tcpip channel of the previous one; `ProxyCommand` is paramiko's.
 - The program goes in on stdin (`python3 -S -`), under the remote `timeout` command, so nothing
@@ -145,7 +148,8 @@ class KnownHosts:
         """Refuse (HostKeyRefused, one line) a presented host certificate that does not prove
         `name`; return when it does."""
         blob = key.public_blob
-        assert blob is not None
+        if blob is None:
+            raise HostKeyRefused(f"host key of {name} ({fingerprint(key)}) is no certificate")
         try:
             ssh_cert.verify_host_certificate(
                 blob.key_type,
