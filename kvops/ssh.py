@@ -5,6 +5,9 @@ Why it looks like this:
   the caller opted in to accepting new ones (then recorded, under a lock, for the next run); a
   CHANGED key is always refused: paramiko raises BadHostKeyException before authenticating,
   whatever the policy, and the message names both fingerprints.
+- Host certificates: a host with no plain key listed but covered by a `@cert-authority` line
+  is asked for its `*-cert-v01@openssh.com` key first, and the certificate paramiko hands over
+  (the key's public_blob) is judged by kvops.ssh_cert as ssh(1) judges it.
 - Jump hosts (`-J`/`ProxyJump`) are SSH clients in their own right, verified the same way, and
   each hop is a direct-tcpip channel of the previous one; `ProxyCommand` is paramiko's.
 - The program goes in on stdin (`python3 -S -`), under the remote `timeout` command, so nothing
@@ -24,7 +27,6 @@ Why it looks like this:
 from __future__ import annotations
 
 import errno
-import fnmatch
 import getpass
 import logging
 import os
@@ -41,6 +43,7 @@ from typing import Any, Generic, TypeVar
 import paramiko
 from paramiko.hostkeys import InvalidHostKey
 
+from kvops import ssh_cert
 from kvops.inventory import InventoryHost, Jump
 from kvops.probe.bundle import INTERPRETER_ARGS
 
@@ -124,26 +127,46 @@ def clear_caches() -> None:
 class KnownHosts:
     """A known_hosts file as OpenSSH reads it (sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT"): plain
     entries, `@revoked` keys (refused even when listed or accepted as new) and
-    `@cert-authority` lines. paramiko's own loader raises on a marker line, which made every
-    host fail; here markers are read apart and a bad line is skipped, as ssh does."""
+    `@cert-authority` lines (host certificates, judged by kvops.ssh_cert). paramiko's own
+    loader raises on a marker line, which made every host fail; here markers are read apart
+    and a bad line is skipped, as ssh does."""
 
     keys: paramiko.HostKeys = field(default_factory=paramiko.HostKeys)
     revoked: list[paramiko.PKey] = field(default_factory=list)
-    authorities: list[tuple[list[str], paramiko.PKey]] = field(default_factory=list)
+    authorities: list[ssh_cert.Authority] = field(default_factory=list)
     skipped_lines: list[int] = field(default_factory=list)
 
     def is_revoked(self, key: paramiko.PKey) -> bool:
         return any(key == bad for bad in self.revoked)
 
     def authority_for(self, name: str) -> bool:
-        """Whether a @cert-authority line covers this host name (patterns with * and ?)."""
-        plain = name[1:].split("]", 1)[0] if name.startswith("[") else name
-        for patterns, _key in self.authorities:
-            matches = [fnmatch.fnmatch(plain, pat) for pat in patterns if not pat.startswith("!")]
-            negated = [fnmatch.fnmatch(plain, pat[1:]) for pat in patterns if pat.startswith("!")]
-            if any(matches) and not any(negated):
-                return True
-        return False
+        """Whether a @cert-authority line covers this known_hosts name (`host` or
+        `[host]:port`, then the bare host, as ssh tries them)."""
+        return ssh_cert.authority_covers(self.authorities, name)
+
+    def verify_certificate(self, name: str, key: paramiko.PKey) -> None:
+        """Refuse (HostKeyRefused, one line) a presented host certificate that does not prove
+        `name`; return when it does."""
+        blob = key.public_blob
+        if blob is None:
+            raise HostKeyRefused(f"host key of {name} ({fingerprint(key)}) is no certificate")
+        try:
+            ssh_cert.verify_host_certificate(
+                blob.key_type,
+                blob.key_blob,
+                name,
+                self.authorities,
+                [bad.asbytes() for bad in self.revoked],
+                time.time(),
+            )
+        except ssh_cert.CertificateRefused as exc:
+            raise HostKeyRefused(f"host certificate of {name} refused: {exc}") from None
+
+
+def _is_certificate(key: paramiko.PKey) -> bool:
+    """paramiko keeps a presented certificate in the key's public_blob."""
+    blob = key.public_blob
+    return blob is not None and blob.key_type.endswith(ssh_cert.CERT_SUFFIX)
 
 
 def _known_hosts(path: Path) -> KnownHosts:
@@ -186,7 +209,8 @@ def _parse_known_hosts(path: Path) -> KnownHosts:
                     if fields[0] == "@revoked":
                         parsed.revoked.append(key)
                     else:
-                        parsed.authorities.append((fields[1].split(","), key))
+                        patterns = tuple(fields[1].split(","))
+                        parsed.authorities.append(ssh_cert.Authority(patterns, key.asbytes()))
                     continue
                 entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
             except (paramiko.SSHException, InvalidHostKey, ValueError, IndexError, TypeError):
@@ -245,11 +269,18 @@ class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
         known = _known_hosts(self.path)
         if known.is_revoked(key):
             raise HostKeyRefused(f"host key of {hostname} ({fingerprint(key)}) is @revoked")
+        if _is_certificate(key):
+            # Only a host a @cert-authority covers is asked for a certificate. A bad one is
+            # refused even with --accept-new-host-keys (ssh would fall back to trusting the
+            # bare key on first use): a certificate that contradicts a CA the operator
+            # declared for this host is exactly what the CA is there to catch.
+            known.verify_certificate(hostname, key)
+            return
         if known.authority_for(hostname) and not self.accept_new:
             raise HostKeyRefused(
-                f"{self.path} trusts a @cert-authority for {hostname}, but paramiko checks "
-                f"plain host keys only and the host's key {fingerprint(key)} is not listed; "
-                "add it (ssh-keyscan) after checking it against the certificate"
+                f"host key of {hostname} ({fingerprint(key)}) is not in {self.path} and the "
+                "host presented no certificate, though a @cert-authority there covers it; "
+                "give it a HostCertificate signed by that CA, or add its key (ssh-keyscan)"
             )
         if not self.accept_new:
             raise HostKeyRefused(
@@ -261,6 +292,18 @@ class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
             with open(self.path, "a", encoding="utf-8") as fh:
                 fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
         client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+class _CertFirstTransport(paramiko.Transport):
+    """A transport that offers the `*-cert-v01@openssh.com` host key types before the plain
+    ones. paramiko 4 lists them after (Transport.preferred_keys), so a server with both a
+    HostKey and a HostCertificate would otherwise always present its bare key."""
+
+    @property
+    def preferred_keys(self) -> tuple[str, ...]:
+        keys = tuple(super().preferred_keys)
+        certs = tuple(k for k in keys if k.endswith(ssh_cert.CERT_SUFFIX))
+        return certs + tuple(k for k in keys if k not in certs)
 
 
 @dataclass(frozen=True)
@@ -285,13 +328,18 @@ def _client(
     client = paramiko.SSHClient()
     known = known or known_hosts_for(host, opts)
     name = address if port == 22 else f"[{address}]:{port}"  # paramiko's known_hosts name
-    for keytype, key in _known_host_entries(known, name):
+    entries = _known_host_entries(known, name)
+    for keytype, key in entries:
         client.get_host_keys().add(name, keytype, key)
+    # No plain key but a CA for this host: ask for its certificate first (ssh does the same:
+    # HostKeyAlgorithms puts the certificate types first).
+    wants_cert = not entries and _known_hosts(known).authority_for(name)
     client.set_missing_host_key_policy(_KnownHostsPolicy(known, opts.accept_new_host_keys))
     if creds is None:
         creds = Credentials(host.key_file, host.password)
     try:
-        _do_connect(client, creds, address, port, user, timeout_s, sock)
+        factory = _CertFirstTransport if wants_cert else None
+        _do_connect(client, creds, address, port, user, timeout_s, sock, factory)
         transport = client.get_transport()
         presented = transport.get_remote_server_key() if transport is not None else None
         if presented is not None and _known_hosts(known).is_revoked(presented):
@@ -317,6 +365,7 @@ def _do_connect(
     user: str,
     timeout_s: float,
     sock: Any,
+    transport_factory: Callable[..., paramiko.Transport] | None = None,
 ) -> None:
     pkey = _private_key(creds.key_file) if creds.key_file else None
     client.connect(
@@ -333,6 +382,7 @@ def _do_connect(
         auth_timeout=timeout_s,
         channel_timeout=timeout_s,
         sock=sock,
+        transport_factory=transport_factory,
     )
 
 

@@ -106,7 +106,8 @@ class Hooks:
     on_record: Callable[[RequestRecord], None] = lambda rec: None
     on_segment: Callable[[str], None] = lambda text: None
     warn: Callable[[str], None] = lambda text: None
-    # Puts an arm in place before its info is read and before each of its segments
+    # Puts an arm in place before its info is read and before each of its segments (except
+    # the first measured, when its info deploy is still untouched: Experiment._arm_infos)
     # (`--deploy`: kvops.abtest.deploy.ArmDeployer); None when the arms are already running.
     prepare_arm: Callable[[Arm], Awaitable[None]] | None = None
 
@@ -124,6 +125,8 @@ class Experiment:
     interrupted: bool = False
     stats: ClientStats = field(default_factory=ClientStats)
     warm_arms: set[str] = field(default_factory=set)
+    # the arm the prepare hook put in place last, with nothing served since (see _arm_infos)
+    _fresh_arm: Arm | None = None
 
     def _warn(self, text: str) -> None:
         if text not in self.warnings:
@@ -135,21 +138,21 @@ class Experiment:
         first request when arms or workloads are unusable."""
         attempt = self.run_dir.add_attempt()
         opts = self.options
+        done = self.run_dir.done_segments()
+        todo = [
+            (spec, trial, arm)
+            for spec, trial, arm in segment_plan(self.scenarios, self.arms, self.options.trials)
+            if (spec.name, trial, arm.name) not in done
+        ]
         async with make_session() as session:
-            self.infos = [await self._arm_info(session, arm) for arm in self.arms]
+            self.infos = await self._arm_infos(session, todo[0][2] if todo else None)
             self.run_dir.record_arms(attempt, [i.to_dict() for i in self.infos])
             for w in arm_differences(self.infos):
                 self._warn(w)
             for w in trial_warnings(self.options.trials):
                 self._warn(w)
             self._check_fit()
-            alphabet = await self._alphabet(session)
-            done = self.run_dir.done_segments()
-            todo = [
-                (spec, trial, arm)
-                for spec, trial, arm in segment_plan(self.scenarios, self.arms, self.options.trials)
-                if (spec.name, trial, arm.name) not in done
-            ]
+            alphabet = await self._alphabet(session, self.infos[0])
             self.hooks.on_start(sum(s.total_requests for s, _, _ in todo))
             prefixes = {s.name: make_prefixes(s, alphabet, opts.seed) for s in self.scenarios}
             with self.run_dir.record_writer() as records, self.run_dir.segment_writer() as segs:
@@ -171,10 +174,26 @@ class Experiment:
             if self.stop.is_set():
                 self.interrupted = True
 
-    async def _arm_info(self, session: aiohttp.ClientSession, arm: Arm) -> ArmInfo:
-        if self.hooks.prepare_arm is not None:
+    async def _arm_infos(
+        self, session: aiohttp.ClientSession, first_to_measure: Arm | None
+    ) -> list[ArmInfo]:
+        """Each arm's info, in arm order. With a prepare hook (`--deploy`) each arm is put in
+        place before its info is read, the arm measured first last, and the prompt alphabet is
+        learned (its probe serves one short prompt) before that last deploy: between it and
+        the first segment only reads reach the server (/v1/models, /metrics; nothing is
+        served, so no KV is stored), so the segment uses the deploy as it is instead of
+        running the same play again."""
+        if self.hooks.prepare_arm is None:
+            return [await fetch_arm_info(session, arm) for arm in self.arms]
+        order = sorted(self.arms, key=lambda arm: arm is first_to_measure)
+        by_name: dict[str, ArmInfo] = {}
+        for arm in order:
             await self.hooks.prepare_arm(arm)
-        return await fetch_arm_info(session, arm)
+            by_name[arm.name] = info = await fetch_arm_info(session, arm)
+            if arm is order[0] and info.model:
+                await self._alphabet(session, info)
+        self._fresh_arm = first_to_measure
+        return [by_name[arm.name] for arm in self.arms]
 
     def _check_warm_tier(self, spec: WorkloadSpec, arm: Arm, seen: list[RequestRecord]) -> None:
         """Say it the moment it shows (after the warm-up iteration, before measuring); the
@@ -200,11 +219,11 @@ class Experiment:
                         f"{info.name}'s max_model_len {info.max_model_len}; use --scale"
                     )
 
-    async def _alphabet(self, session: aiohttp.ClientSession) -> Alphabet:
+    async def _alphabet(self, session: aiohttp.ClientSession, first: ArmInfo) -> Alphabet:
+        """The run's prompt alphabet: the saved one, or learned from ``first`` and saved."""
         saved = self.run_dir.load_alphabet()
         if saved is not None:
             return saved[0]
-        first = self.infos[0]
         endpoint = Endpoint(first.url, first.model or "", self.options.api)
         alphabet, how = await learn_alphabet(
             session, endpoint, vocab_size=self.options.vocab_size,
@@ -229,8 +248,9 @@ class Experiment:
         info = self._info(arm)
         opts = self.options
         self.hooks.on_segment(f"{spec.name}: trial {trial + 1}/{opts.trials}, arm {arm.name}")
-        if self.hooks.prepare_arm is not None:
+        if self.hooks.prepare_arm is not None and self._fresh_arm is not arm:
             await self.hooks.prepare_arm(arm)
+        self._fresh_arm = None
         if opts.reset_cache and not await reset_prefix_cache(session, info):
             self._warn(
                 f"arm {arm.name}: no usable /reset_prefix_cache (vLLM needs "

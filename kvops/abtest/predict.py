@@ -8,13 +8,20 @@ whose offload storage persists across segments as the embedded server's does - g
 figures the measurement should reproduce, in the same wall-clock units (virtual x time scale).
 The gap between the two is the simulator's fidelity on this host.
 
+Requests are replayed as the client sent them: each one arrives as many (virtual) seconds
+after its release group's first request as it was sent after it. A client spreads a batch's
+sends over milliseconds (it builds and writes every body in turn); a request that arrives
+after the engine began the batch's first step has its prefill scheduled between the others'
+decode steps, as vLLM's chunked prefill does, and that shows in mean ITL. With no records
+(`sent` empty) every request of a group arrives at once: `kvops sim run`'s ideal client.
+
 Limits: token-id prompts only (text prompts would need the server's tokenizer round trip);
 batch mode only (rate mode's random arrivals are client-side timing, left out).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kvops.abtest.arms import Arm
@@ -37,7 +44,7 @@ SEGMENT_GAP_S = 1.0
 # The figures compared between prediction and measurement (both in wall-clock units), and how
 # far apart they may be before the run says so: beyond it, the host (CPU contention, client
 # overhead) shaped the numbers more than the model did.
-FIDELITY_METRICS = ("total_token_throughput_tok_s", "mean_ttft_ms")
+FIDELITY_METRICS = ("total_token_throughput_tok_s", "mean_ttft_ms", "mean_itl_ms")
 FIDELITY_TOLERANCE = 0.15
 
 
@@ -49,6 +56,25 @@ class EmbeddedArm:
     settings: EngineSettings
 
 
+SendKey = tuple[str, str, str]  # (scenario, arm, planned request id)
+
+
+def send_offsets(records: Iterable[RequestRecord]) -> dict[SendKey, float]:
+    """When each request was sent, in wall seconds after the first send of its release group
+    (the records of one attempt per segment, as the results use them)."""
+    records = list(records)
+    firsts: dict[tuple[str, str, str, int, int, int], float] = {}
+    for r in records:
+        group = (r.attempt, r.scenario, r.arm, r.trial, r.iteration, r.batch)
+        firsts[group] = min(firsts.get(group, r.send_perf_s), r.send_perf_s)
+    out: dict[SendKey, float] = {}
+    for r in records:
+        group = (r.attempt, r.scenario, r.arm, r.trial, r.iteration, r.batch)
+        planned_id = r.request_id.split("/", 2)[-1]  # "{attempt}{scenario}/{arm}/{planned}"
+        out[(r.scenario, r.arm, planned_id)] = r.send_perf_s - firsts[group]
+    return out
+
+
 def predict(
     scenarios: list[WorkloadSpec],
     arms: list[EmbeddedArm],
@@ -56,9 +82,13 @@ def predict(
     alphabet: Alphabet,
     profile: Mapping[str, str],
     time_scale: float,
+    sent: Mapping[SendKey, float] | None = None,
 ) -> dict[str, dict[str, ArmMetrics]] | None:
     """scenario -> arm -> metrics (as `compute_metrics`, wall units), or None when the run
-    cannot be replayed in virtual time (text prompts, rate mode)."""
+    cannot be replayed in virtual time (text prompts, rate mode). `sent`: each request's send
+    offset within its release group (`send_offsets`); a request not in it arrives with the
+    group's first."""
+    sent = sent or {}
     if alphabet.is_text or any(s.rate is not None for s in scenarios):
         return None
     engines: dict[str, Engine] = {
@@ -82,10 +112,12 @@ def predict(
             warm = iteration < options.warmup_iterations
             for group in batch_groups(len(planned), spec.batch_size):
                 batch = [planned[i] for i in group]
+                start_s = engine.now_s
                 reqs = [
                     Request(
                         f"{arm.name}/{p.request.request_id}",
-                        engine.now_s,
+                        start_s
+                        + sent.get((spec.name, arm.name, p.request.request_id), 0.0) / time_scale,
                         _token_ids(p.request.prompt),
                         p.request.output_tokens,
                     )
@@ -144,9 +176,10 @@ def embedded_arms(kv_capacity_scale: float, profile: SimProfile | None = None) -
     ]
 
 
-def predict_run(run_dir: RunDir) -> Prediction | None:
+def predict_run(run_dir: RunDir, records: Iterable[RequestRecord] = ()) -> Prediction | None:
     """The prediction for a run directory of embedded engines (None for real arms, or when
-    the run cannot be replayed): scenario -> arm -> the compared metrics."""
+    the run cannot be replayed): scenario -> arm -> the compared metrics, for the requests
+    sent as `records` say they were (none: all of a group at once)."""
     run, specs = run_dir.load_run()
     sim = run.get("sim")
     saved = run_dir.load_alphabet()
@@ -154,7 +187,8 @@ def predict_run(run_dir: RunDir) -> Prediction | None:
         return None
     options = Options(**run.get("options", {}))
     arms = embedded_arms(float(run.get("scale", 1.0)), SimProfile(**sim))
-    full = predict(specs, arms, options, saved[0], sim, float(sim["time_scale"]))
+    time_scale = float(sim["time_scale"])
+    full = predict(specs, arms, options, saved[0], sim, time_scale, send_offsets(records))
     if full is None:
         return None
     return {

@@ -232,7 +232,7 @@ def build_results(
         scenario_records = [r for r in records if r.scenario == spec.name]
         warnings += warm_tier_warnings(scenario_records, spec.prefix_tokens, spec.name)
     warnings += [w for w in _lag_warnings(scenarios) if w not in warnings]
-    prediction = predict_run(run_dir)
+    prediction = predict_run(run_dir, records)
     if prediction is not None:
         warnings += [w for w in fidelity_warnings(scenarios, prediction) if w not in warnings]
     off = [

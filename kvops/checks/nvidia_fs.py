@@ -21,7 +21,21 @@ def check_loaded(ctx: Context) -> list[Finding]:
 def check_version(ctx: Context) -> list[Finding]:
     version = nvfs_version(ctx)
     if version is None:
-        return [ctx.skip("GDS-011", ev.NVFS_VERSION, ev.GDSCHECK, ev.NVFS_STATS)]
+        stats, report = ctx.nvfs_stats, ctx.gdscheck
+        why = "; ".join(
+            [
+                ctx.problem(ev.NVFS_VERSION)
+                if ctx.text(ev.NVFS_VERSION) is None
+                else f"{ev.NVFS_VERSION}: no version in it",
+                ctx.problem(ev.GDSCHECK)
+                if report is None
+                else f"{ev.GDSCHECK}: no 'nvidia_fs version' header",
+                ctx.problem(ev.NVFS_STATS)
+                if stats is None
+                else f"{ev.NVFS_STATS}: no 'NVFS Driver(version)' line",
+            ]
+        )
+        return [finding("GDS-011", Severity.SKIP, f"nvidia-fs version unknown: {why}")]
     minimum = ctx.thresholds.min_nvidia_fs_version
     if below(version, minimum):
         return [finding("GDS-011", Severity.FAIL, f"nvidia_fs {version} < minimum {minimum}")]
@@ -41,7 +55,19 @@ def check_peerdirect(ctx: Context) -> list[Finding]:
         state = value.lower() in {"enabled", "true", "supported"}
         excerpt = f"--Mellanox PeerDirect : {value}"
     if state is None:
-        return [ctx.skip("GDS-012", ev.NVFS_STATS, ev.GDSCHECK)]
+        if stats is None and ctx.gdscheck is None:
+            return [ctx.skip("GDS-012", ev.NVFS_STATS, ev.GDSCHECK)]
+        why = "; ".join(
+            [
+                ctx.problem(ev.NVFS_STATS)
+                if stats is None
+                else f"{ev.NVFS_STATS}: no 'Mellanox PeerDirect Supported' line",
+                ctx.problem(ev.GDSCHECK)
+                if ctx.gdscheck is None
+                else f"{ev.GDSCHECK}: no '--Mellanox PeerDirect' line",
+            ]
+        )
+        return [finding("GDS-012", Severity.SKIP, f"PeerDirect state unknown: {why}")]
     if state:
         return [finding("GDS-012", Severity.PASS, "PeerDirect enabled", excerpt)]
     return [finding("GDS-012", Severity.WARN, "PeerDirect disabled in nvidia-fs", excerpt)]

@@ -11,35 +11,54 @@ from kvops import evidence as ev
 from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, finding
 from kvops.parse.gdsio import GdsioResult, parse_gdsio
-from kvops.parse.nvfs_stats import io_counts, parse_nvfs_stats
+from kvops.parse.nvfs_stats import NvfsStats, io_counts, missing_counters, parse_nvfs_stats
 
 GIB_PER_GBIT = 1e9 / 8 / 2**30
 
 
-def _results(ctx: Context) -> tuple[list[GdsioResult], list[str]]:
+def _results(ctx: Context) -> tuple[list[GdsioResult], list[str], list[str]]:
+    """Complete result lines; failures (gdsio did not run cleanly); gaps (output cut short:
+    what each cut line had and lacks), which are absent evidence, not a verdict."""
     results: list[GdsioResult] = []
-    problems: list[str] = []
+    failures: list[str] = []
+    gaps: list[str] = []
     for item_id in (ev.GDSIO_WRITE, ev.GDSIO_READ):
         if ctx.item(item_id) is None:
             continue  # not requested; the other run is judged alone
         text = ctx.text(item_id)
         if text is None:
-            problems.append(ctx.problem(item_id))
+            failures.append(ctx.problem(item_id))
             continue
         parsed = parse_gdsio(text)
         results.extend(parsed.results)
-        if not parsed.results:
-            problems.append(f"{item_id}: no gdsio result line")
-    return results, problems
+        gaps.extend(f"{item_id}: {partial.describe()}" for partial in parsed.partial)
+        if not parsed.results and not parsed.partial:
+            gaps.append(f"{item_id}: no result line (IoType ... Throughput): output cut short?")
+    return results, failures, gaps
+
+
+def _incomplete(gaps: list[str]) -> Finding:
+    msg = "gdsio output incomplete, not judged: " + "; ".join(gaps)
+    remedy = "Rerun with --storage-bench; a cut output usually means the run was interrupted."
+    return finding("GDS-050", Severity.WARN, msg, remedy=remedy)
 
 
 def check_throughput(ctx: Context) -> list[Finding]:
     if ctx.item(ev.GDSIO_WRITE) is None and ctx.item(ev.GDSIO_READ) is None:
         return [finding("GDS-050", Severity.SKIP, "no storage bench (run with --storage-bench)")]
-    results, problems = _results(ctx)
-    if problems:
-        return [finding("GDS-050", Severity.FAIL, "gdsio failed: " + "; ".join(problems))]
+    results, failures, gaps = _results(ctx)
+    if failures:
+        return [finding("GDS-050", Severity.FAIL, "gdsio failed: " + "; ".join(failures))]
     direct = [r for r in results if r.gpu_direct]
+    if not direct and gaps:  # the GPU-direct line may be the one cut short
+        return [_incomplete(gaps)]
+    return _judge_direct(ctx, results, direct) + ([_incomplete(gaps)] if gaps else [])
+
+
+def _judge_direct(
+    ctx: Context, results: list[GdsioResult], direct: list[GdsioResult]
+) -> list[Finding]:
+    """GPU-direct results against the RDMA link rate (large IO only)."""
     if not direct:
         kinds = sorted({r.xfer_type for r in results})
         msg = f"no GPU-direct (-x 0) result, only {kinds}"
@@ -84,13 +103,13 @@ def check_counters_rise(ctx: Context) -> list[Finding]:
                 finding("GDS-051", Severity.SKIP, "no storage bench (run with --storage-bench)")
             ]
         return [ctx.skip("GDS-051", ev.NVFS_STATS_BEFORE_BENCH, ev.NVFS_STATS_AFTER_BENCH)]
-    before = io_counts(parse_nvfs_stats(before_text))
-    after = io_counts(parse_nvfs_stats(after_text))
+    stats = {"before": parse_nvfs_stats(before_text), "after": parse_nvfs_stats(after_text)}
+    before, after = io_counts(stats["before"]), io_counts(stats["after"])
     if before is None or after is None:
         cannot = _counters_cannot_move(ctx)
         if cannot is not None:
             return [cannot]
-        return [finding("GDS-051", Severity.FAIL, "nvidia-fs stats have no Reads/Writes counters")]
+        return [_counters_missing(stats)]
     reads, writes = after[0] - before[0], after[1] - before[1]
     shown = f"Reads n: {before[0]} -> {after[0]}\nWrites n: {before[1]} -> {after[1]}"
     if reads > 0 and writes > 0:
@@ -102,6 +121,20 @@ def check_counters_rise(ctx: Context) -> list[Finding]:
     return [finding("GDS-051", Severity.FAIL, msg, shown)]
 
 
+def _counters_missing(stats: dict[str, NvfsStats]) -> Finding:
+    """Stats without their Reads/Writes lines (cut short, or a driver that does not print
+    them) cannot show the counters rise: unproven, not a bypass."""
+    lacking = "; ".join(
+        f"{when} the bench: no {' or '.join(missing_counters(parsed))} line"
+        for when, parsed in stats.items()
+        if missing_counters(parsed)
+    )
+    msg = f"nvidia-fs stats incomplete ({lacking}): the counters cannot prove the I/O path"
+    remedy = f"Rerun with --storage-bench; check that {STATS_FILE} prints Reads and Writes."
+    return finding("GDS-051", Severity.WARN, msg, remedy=remedy)
+
+
+STATS_FILE = "/proc/driver/nvidia-fs/stats"
 STATS_PARAM = "/sys/module/nvidia_fs/parameters/rw_stats_enabled"
 
 

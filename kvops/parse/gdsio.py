@@ -2,7 +2,10 @@
 
 gdsio prints one summary line per job; recorded outputs interleave prompts, warnings and log
 noise, so only lines containing `IoType:` are read. A result line cut short (truncated output)
-is reported as a warning rather than guessed at.
+is never guessed at: what it had is kept as a `GdsioPartial` that names the fields it lacks
+(and a warning, as the gdscheck parser reports missing sections), so a check can say "no
+Throughput" instead of judging a number that is not there. A result line wrapped onto the next
+line (older docs' copies) is joined first.
 """
 
 from __future__ import annotations
@@ -25,6 +28,18 @@ _FIELDS = {
     "total_time": re.compile(r"total_time\s*(\d+(?:\.\d+)?)\s*(secs|usecs)"),
 }
 GPU_DIRECT_XFER_TYPES = frozenset({"GPUD", "GPU_DIRECT", "GPU_DIRECT_ASYNC", "GPU_BATCH"})
+# gdsio's own label of each field, for naming what a cut line lacks.
+LABELS = {
+    "io_type": "IoType",
+    "xfer_type": "XferType",
+    "threads": "Threads",
+    "dataset": "DataSetSize",
+    "io_size": "IOSize",
+    "throughput": "Throughput",
+    "latency": "Avg_Latency",
+    "ops": "ops",
+    "total_time": "total_time",
+}
 
 
 @dataclass
@@ -52,22 +67,71 @@ class GdsioResult:
 
 
 @dataclass
+class GdsioPartial:
+    """A result line cut short: the fields it had (by GdsioResult's names) and gdsio's labels
+    of the ones it lacks."""
+
+    line: int
+    fields: dict[str, Any]
+    missing: list[str]
+
+    @property
+    def gpu_direct(self) -> bool:
+        return str(self.fields.get("xfer_type", "")).upper() in GPU_DIRECT_XFER_TYPES
+
+    def describe(self) -> str:
+        kept = " ".join(f"{k}={v}" for k, v in self.fields.items())
+        return f"line {self.line} ({kept or 'nothing readable'}) has no {', '.join(self.missing)}"
+
+
+@dataclass
 class GdsioOutput:
     results: list[GdsioResult] = field(default_factory=list)
+    partial: list[GdsioPartial] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"results": [asdict(r) for r in self.results], "warnings": list(self.warnings)}
+        return {
+            "results": [asdict(r) for r in self.results],
+            "partial": [asdict(p) for p in self.partial],
+            "warnings": list(self.warnings),
+        }
 
 
-def _result(line: str, number: int, warnings: list[str]) -> GdsioResult | None:
-    found = {name: rx.search(line) for name, rx in _FIELDS.items()}
+def _found(line: str) -> dict[str, re.Match[str] | None]:
+    return {name: rx.search(line) for name, rx in _FIELDS.items()}
+
+
+def _partial(found: dict[str, re.Match[str] | None], number: int) -> GdsioPartial:
+    """What a cut line had, typed as in GdsioResult, and the labels of what it lacks."""
+    fields: dict[str, Any] = {}
+    if (io_type := found["io_type"]) is not None:
+        fields["io_type"] = io_type.group(1).upper()
+    if (xfer := found["xfer_type"]) is not None:
+        fields["xfer_type"] = xfer.group(1).upper()
+    if (threads := found["threads"]) is not None:
+        fields["threads"] = to_int(threads.group(1))
+    if (dataset := found["dataset"]) is not None:
+        fields["dataset_done_kib"] = to_int(dataset.group(1))
+        fields["dataset_total_kib"] = to_int(dataset.group(2))
+    if (io_size := found["io_size"]) is not None:
+        fields["io_size_kib"] = to_int(io_size.group(1))
+    if (latency := found["latency"]) is not None:
+        fields["avg_latency_us"] = to_float(latency.group(1))
+    missing = [LABELS[name] for name, match in found.items() if match is None]
+    return GdsioPartial(line=number, fields=fields, missing=missing)
+
+
+def _result(line: str, number: int, out: GdsioOutput) -> GdsioResult | None:
+    found = _found(line)
     io_type, xfer, tput = found["io_type"], found["xfer_type"], found["throughput"]
     if io_type is None or xfer is None or tput is None:
-        warnings.append(f"line {number}: incomplete gdsio result line skipped: {line[:120]}")
+        partial = _partial(found, number)
+        out.partial.append(partial)
+        out.warnings.append(f"gdsio result cut short: {partial.describe()}")
         return None
     if tput.group(2) == "GB":
-        warnings.append(f"line {number}: old gdsio 'GB/sec' unit taken as GiB/s")
+        out.warnings.append(f"line {number}: old gdsio 'GB/sec' unit taken as GiB/s")
     dataset, io_size = found["dataset"], found["io_size"]
     latency, ops, total = found["latency"], found["ops"], found["total_time"]
     total_time_s = to_float(total.group(1)) if total else None
@@ -90,13 +154,29 @@ def _result(line: str, number: int, warnings: list[str]) -> GdsioResult | None:
     )
 
 
+def _joined(lines: list[str]) -> list[tuple[int, str]]:
+    """`IoType:` lines (1-based number, text), each joined with the next line when it stops
+    before Throughput and the next line, not a result of its own, carries it (a wrapped copy)."""
+    out: list[tuple[int, str]] = []
+    for index, line in enumerate(lines):
+        if "IoType:" not in line:
+            continue
+        following = lines[index + 1] if index + 1 < len(lines) else ""
+        if (
+            _FIELDS["throughput"].search(line) is None
+            and "IoType:" not in following
+            and _FIELDS["throughput"].search(following) is not None
+        ):
+            line = f"{line.rstrip()} {following.strip()}"
+        out.append((index + 1, line))
+    return out
+
+
 def parse_gdsio(text: str) -> GdsioOutput:
     """Parse every `IoType:` line; other lines are noise. Never raises."""
     out = GdsioOutput()
-    for number, line in enumerate(text.splitlines(), start=1):
-        if "IoType:" not in line:
-            continue
-        result = _result(line, number, out.warnings)
+    for number, line in _joined(text.splitlines()):
+        result = _result(line, number, out)
         if result is not None:
             out.results.append(result)
     return out

@@ -4,6 +4,11 @@ Old drivers print MB unit names (`readmb`, `pinned_MB`), newer ones MiB (`readMi
 `Registered_MiB`); the kernel prints `label<TABs>: key=value ...`. Values are keyed the same
 way for both (`read_mib`), with `unit` recording which spelling was seen. A doc-wrapped
 continuation line (`pg-cache-eio=0` alone) is folded into the line before it.
+
+Partial or older output (a copy cut short, a driver without the PeerDirect line) keeps what was
+there; the lines the checks rely on that are absent are named in `missing` (and a warning each,
+as the gdscheck parser reports its missing sections), so a check can say what it could not see
+instead of judging absent evidence.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class NvfsStats:
     ops: dict[str, float] = field(default_factory=dict)
     sections: dict[str, dict[str, str]] = field(default_factory=dict)
     gpus: list[dict[str, Any]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,11 +140,25 @@ def parse_nvfs_stats(text: str) -> NvfsStats:
             stats.writes.update(_counters(pairs))
         elif label == "Ops":
             stats.ops.update({k.lower(): v for k, v in _counters(pairs).items()})
+    present = {
+        "GDS Version": stats.gds_version is not None,
+        "NVFS Driver(version)": stats.driver_version is not None,
+        "Mellanox PeerDirect Supported": stats.peerdirect_supported is not None,
+        "Reads": "n" in stats.reads,
+        "Writes": "n" in stats.writes,
+    }
+    stats.missing = [label for label, seen in present.items() if not seen]
     if stats.gds_version is None and not stats.sections:
         stats.warnings.append("no nvidia-fs statistics found")
-    elif "n" not in stats.reads or "n" not in stats.writes:
-        stats.warnings.append("Reads/Writes counters missing: output truncated?")
+        return stats
+    for label in stats.missing:
+        stats.warnings.append(f"line {label!r} missing: older nvidia-fs or output truncated")
     return stats
+
+
+def missing_counters(stats: NvfsStats) -> list[str]:
+    """Which of the Reads/Writes lines (their `n=` counts) the stats lack."""
+    return [label for label in ("Reads", "Writes") if label in stats.missing]
 
 
 def io_counts(stats: NvfsStats) -> tuple[int, int] | None:

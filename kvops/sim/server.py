@@ -307,45 +307,69 @@ class SimServer:
         maker: ChunkMaker,
         gen: AsyncIterator[list[int | SimRequestRecord]],
     ) -> web.StreamResponse:
-        try:
-            batch = await gen.__anext__()
-        except EngineDeadError as exc:
-            return _error(ApiError(f"engine dead: {exc}", 500, "InternalServerError"))
         if not parsed.stream:
-            words: list[str] = []
-            while True:
-                for item in batch:
-                    if isinstance(item, int):
-                        words.append(self.tokenizer.decode_piece(item))
-                    else:
-                        use = usage(item.prompt_tokens, len(words), item.cached_tokens)
-                        return web.json_response(maker.full_body("".join(words), use))
-                batch = await gen.__anext__()
+            return await self._respond_whole(parsed, maker, gen)
+        # Headers go out as soon as the request is admitted, before its first token, as
+        # vLLM's StreamingResponse does (Starlette sends http.response.start before the body
+        # iterator runs): the per-response cost is paid at arrival, not in the step that
+        # hands a whole batch its first tokens, where it would delay every other stream.
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
         count = 0
-        while True:
-            out: list[bytes] = []
-            for item in batch:
-                if isinstance(item, int):
+        try:
+            while True:
+                batch = await gen.__anext__()
+                out: list[bytes] = []
+                record: SimRequestRecord | None = None
+                for item in batch:
+                    if not isinstance(item, int):
+                        record = item
+                        continue
                     count += 1
                     if count == 1 and parsed.chat:
                         out.append(maker.role_chunk())
                     finish = "length" if count == parsed.max_tokens else None
                     out.append(maker.token_chunk(self.tokenizer.decode_piece(item), finish))
-                    continue
-                if parsed.include_usage:
-                    out.append(
-                        maker.usage_chunk(usage(item.prompt_tokens, count, item.cached_tokens))
-                    )
-                out.append(b"data: [DONE]\n\n")
-                await response.write(b"".join(out))
-                await response.write_eof()
-                return response
-            await response.write(b"".join(out))
-            batch = await gen.__anext__()
+                if out:
+                    await response.write(b"".join(out))
+                if record is not None:
+                    break
+            # Every stream of a step writes its last token before any stream pays for ending
+            # its response (usage, [DONE], the chunked terminator, the handler's exit).
+            await asyncio.sleep(0)
+            tail = b""
+            if parsed.include_usage:
+                tail = maker.usage_chunk(usage(record.prompt_tokens, count, record.cached_tokens))
+            await response.write(tail + b"data: [DONE]\n\n")
+        except EngineDeadError as exc:
+            # what vLLM's completion stream does when generation fails after the headers were
+            # sent: an error event, then [DONE]
+            error = ApiError(f"engine dead: {exc}", 500, "InternalServerError").body()
+            await response.write(b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _respond_whole(
+        self,
+        parsed: ParsedRequest,
+        maker: ChunkMaker,
+        gen: AsyncIterator[list[int | SimRequestRecord]],
+    ) -> web.Response:
+        """A non-streaming request: one JSON body once the request finished (500 if the
+        engine died before)."""
+        words: list[str] = []
+        try:
+            while True:
+                for item in await gen.__anext__():
+                    if isinstance(item, int):
+                        words.append(self.tokenizer.decode_piece(item))
+                    else:
+                        use = usage(item.prompt_tokens, len(words), item.cached_tokens)
+                        return web.json_response(maker.full_body("".join(words), use))
+        except EngineDeadError as exc:
+            return _error(ApiError(f"engine dead: {exc}", 500, "InternalServerError"))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._completion(request, chat=False)

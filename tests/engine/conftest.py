@@ -66,6 +66,22 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"engine tier timings: {parts}")
 
 
+# The session's two engines while they run: stopped as soon as the engine tier is over (below)
+# rather than at the end of the session, so idle vLLM processes do not share the two cores
+# with the lab tier for its twenty minutes.
+_RUNNING: dict[str, Engine] = {}
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last engine-tier test (this conftest's hooks see only this directory's
+    items): stop the engines; the `engines` fixture's own teardown finds them stopped."""
+    if not _RUNNING or (nextitem is not None and nextitem.path.parent == HERE):
+        return
+    for engine in _RUNNING.values():
+        engine.stop()
+    _RUNNING.clear()
+
+
 def _unavailable(reason: str) -> None:
     """In CI the tier must never vanish quietly; locally a missing engine is a clear skip."""
     unavailable(f"engine tier unavailable: {reason}")
@@ -295,8 +311,10 @@ def engines(
                 wait_ready(engine)
             except RuntimeError as exc:
                 pytest.fail(str(exc), pytrace=False)
+        _RUNNING.update(started)
         yield started
     finally:
+        _RUNNING.clear()
         for engine in started.values():
             engine.stop()
         PIDFILE.unlink(missing_ok=True)

@@ -61,9 +61,14 @@ class LocalSshd:
 
 
 def start_sshd(
-    workdir: Path, authorized_keys: list[str], host_key: Path | None = None
+    workdir: Path,
+    authorized_keys: list[str],
+    host_key: Path | None = None,
+    host_certificate: Path | None = None,
 ) -> LocalSshd:
-    """Start `sshd -D` on a free 127.0.0.1 port; returns once it answers with its banner."""
+    """Start `sshd -D` on a free 127.0.0.1 port; returns once it answers with its banner.
+    `host_certificate` (an `ssh-keygen -s ... -h` certificate of `host_key`) makes it offer the
+    certificate too (sshd_config(5) HostCertificate)."""
     workdir.mkdir(parents=True, exist_ok=True)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
     if host_key is None:
@@ -75,7 +80,8 @@ def start_sshd(
     config = workdir / "sshd_config"
     config.write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nPidFile none\n"
-        f"AuthorizedKeysFile {workdir}/authorized_keys\nStrictModes no\nUsePAM no\n"
+        + (f"HostCertificate {host_certificate}\n" if host_certificate else "")
+        + f"AuthorizedKeysFile {workdir}/authorized_keys\nStrictModes no\nUsePAM no\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\nX11Forwarding no\n"
         "PrintMotd no\nLogLevel ERROR\nMaxStartups 200:30:400\nMaxSessions 50\n"

@@ -148,13 +148,14 @@ def test_deploy_records_reach_results_and_reports_redacted(
     doc = json.loads((out / "results.json").read_text())
     deploy = doc["deploy"]
     assert deploy["limit"] == HOST and deploy["clear_gds_dir"] is True
-    # ABBA over two trials, after one deploy per arm for its info
+    # one deploy per arm for its info, the arm measured first (baseline) last: the alphabet's
+    # one-prompt probe goes to the arm deployed first, so baseline's first segment uses its
+    # info deploy as it is (nothing was served since); then ABBA over two trials
     assert [(o["arm"], o["status"]) for o in deploy["outcomes"]] == [
-        (arm, "successful")
-        for arm in ("baseline", "offload", "baseline", "offload", "offload", "baseline")
+        (arm, "successful") for arm in ("offload", "baseline", "offload", "offload", "baseline")
     ]
-    assert _segments_between_deploys(_events(log))[2:] == [
-        ("baseline", PER_SEGMENT), ("offload", PER_SEGMENT),
+    assert _segments_between_deploys(_events(log)) == [
+        ("offload", 1), ("baseline", PER_SEGMENT), ("offload", PER_SEGMENT),
         ("offload", PER_SEGMENT), ("baseline", PER_SEGMENT),
     ]  # fmt: skip
     offload = deploy["arms"]["offload"]["deployed"][HOST]
@@ -165,7 +166,7 @@ def test_deploy_records_reach_results_and_reports_redacted(
     assert offload["lmcache_config"]["remote_url"] == "redis://<redacted>@cache:6379"
     assert offload["kv_transfer_config"]["kv_connector"] == "LMCacheConnectorV1Dynamic"
     baseline = deploy["arms"]["baseline"]
-    assert baseline["deploys"] == 3 and baseline["failed"] == 0
+    assert baseline["deploys"] == 2 and baseline["failed"] == 0
     assert baseline["deployed"][HOST]["lmcache_config"] == {}
     report_md = (out / "report.md").read_text()
     report_html = (out / "report.html").read_text()
@@ -187,15 +188,16 @@ def test_resume_after_a_failed_deploy_redeploys_the_arms_it_needs(
     out = tmp_path / "run"
     with running("--event-log", str(log)) as (url, _):
         inventory = _inventory(tmp_path, url)
-        # deploys: info baseline, info offload, trial 1 baseline, offload, trial 2 offload: fails
-        monkeypatch.setattr(ansible_runner, "run", DeployPlayDouble(log, fail_at=5))
+        # deploys: info offload, info baseline (trial 1 baseline measured on it), trial 1
+        # offload, trial 2 offload: fails
+        monkeypatch.setattr(ansible_runner, "run", DeployPlayDouble(log, fail_at=4))
         first = _start(tmp_path, inventory, out)
         assert first.exit_code == 2, first.output
         assert "deploy of arm offload (variant offload) on gpu1 failed" in first.output
         assert SECRET_API_KEY not in first.output
         stopped = json.loads((out / "results.json").read_text())
         assert stopped["status"] == "incomplete"
-        assert "stopped at a failed deploy 5 (arm offload" in stopped["status_detail"]
+        assert "stopped at a failed deploy 4 (arm offload" in stopped["status_detail"]
         assert stopped["deploy"]["outcomes"][-1]["status"] == "failed"
         assert "did not become healthy" in (out / "report.md").read_text()
         assert len((out / "segments.jsonl").read_text().splitlines()) == 2
@@ -204,10 +206,11 @@ def test_resume_after_a_failed_deploy_redeploys_the_arms_it_needs(
         monkeypatch.setattr(ansible_runner, "run", resumed_double)
         resumed = _ab_test("--resume", str(out))
     assert resumed.exit_code == 0, resumed.output
-    # the resumed attempt reads each arm's info, then runs trial 2 (reversed: offload first)
-    # with the arm's variant deployed (and its GDS directory cleared) before each segment
+    # the resumed attempt reads each arm's info (offload, measured first, deployed last and
+    # used as deployed), then runs trial 2 (reversed: offload first) with the arm's variant
+    # deployed (and its GDS directory cleared) before each segment
     assert [c["extravars"]["vllm_lmcache_variant"] for c in resumed_double.calls] == [
-        "baseline", "offload", "offload", "baseline",
+        "baseline", "offload", "baseline",
     ]  # fmt: skip
     assert all(c["extravars"]["vllm_lmcache_clear_gds_dir"] for c in resumed_double.calls)
     assert all(c["extravars"]["vllm_lmcache_model"] == "m" for c in resumed_double.calls)
@@ -220,6 +223,6 @@ def test_resume_after_a_failed_deploy_redeploys_the_arms_it_needs(
         # 2 trials x 1 measured iteration x 4 requests
         assert doc["scenarios"]["custom"]["arms"][arm]["metrics"]["completed"] == 2 * 4
     assert [o["status"] for o in doc["deploy"]["outcomes"]].count("failed") == 1
-    assert len(doc["deploy"]["outcomes"]) == 5 + 4
+    assert len(doc["deploy"]["outcomes"]) == 4 + 3
     assert doc["deploy"]["arms"]["offload"]["failed"] == 1
     assert doc["deploy"]["arms"]["offload"]["last_status"] == "successful"

@@ -282,6 +282,17 @@ def test_a_dead_engine_fails_requests_and_health() -> None:
         try:
             async with aiohttp.ClientSession() as session:
                 body = {"prompt": [1, 2, 3], "max_tokens": 2}
+                # the engine dies while serving a stream whose headers went out at admission
+                # (as vLLM's StreamingResponse): it ends as vLLM's does, an error event and
+                # [DONE]
+                stream = {**body, "stream": True}
+                async with session.post(base + "/v1/completions", json=stream) as resp:
+                    assert resp.status == 200
+                    events = (await resp.text()).split("\n\n")
+                error = json.loads(events[0].removeprefix("data: "))["error"]
+                assert "model bug" in error["message"]
+                assert events[1] == "data: [DONE]"
+                # a request to the dead engine is refused with 500
                 async with session.post(base + "/v1/completions", json=body) as resp:
                     assert resp.status == 500
                     assert "model bug" in (await resp.json())["error"]["message"]

@@ -437,3 +437,47 @@ def test_two_hop_proxy_jump_and_a_jump_host_with_a_changed_key(lab: Lab, tmp_pat
     for name in ("bad-second-hop", "bad-first-hop"):
         assert transport[name]["status"] == "host_key_refused", transport
         assert f"127.0.0.1]:{s['changed'].port} CHANGED" in transport[name]["reason"], transport
+
+
+def test_host_certificates_verify_against_cert_authority_lines(lab: Lab, tmp_path: Path) -> None:
+    """known_hosts holds only a `@cert-authority` line (no host key): the host whose sshd
+    presents a HostCertificate from that CA is probed; the one whose certificate another CA
+    signed is refused, naming the reason. Two extra sshds (well under a second each)."""
+    ca, other_ca = tmp_path / "host_ca", tmp_path / "other_ca"
+    ca_line = keygen(ca)
+    keygen(other_ca)
+    servers = {}
+    for name, signer in (("cert-ok", ca), ("cert-other-ca", other_ca)):
+        host_key = tmp_path / f"{name}_host_key"
+        keygen(host_key)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-s", str(signer), "-I", name, "-h", "-n", "127.0.0.1",
+             "-V", "-5m:+1h", str(host_key.with_suffix(".pub"))],
+            check=True,
+        )  # fmt: skip
+        servers[name] = start_sshd(
+            tmp_path / f"sshd-{name}",
+            [lab.client_key.with_suffix(".pub").read_text().strip()],
+            host_key=host_key,
+            host_certificate=tmp_path / f"{name}_host_key-cert.pub",
+        )
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(f"@cert-authority 127.0.0.1 {ca_line}\n")
+        inv = tmp_path / "hosts.yml"
+        hosts = {name: lab.host(server.port) for name, server in servers.items()}
+        inv.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+        proc = run_validate(
+            "-i", str(inv), "--known-hosts", str(known), "--timeout", "20", "--json",
+            "--accept-new-host-keys",  # a bad certificate is refused even so
+        )  # fmt: skip
+        transport = json.loads(proc.stdout)["transport"]
+    finally:
+        for server in servers.values():
+            server.stop()
+    assert transport["cert-ok"]["status"] == "ok", transport
+    refused = transport["cert-other-ca"]
+    assert refused["status"] == "host_key_refused", transport
+    port = servers["cert-other-ca"].port
+    assert f"host certificate of [127.0.0.1]:{port} refused: unknown CA" in refused["reason"]
+    assert known.read_text() == f"@cert-authority 127.0.0.1 {ca_line}\n"  # nothing recorded

@@ -98,3 +98,51 @@ def test_a_stopped_inference_service_is_not_started_by_a_cufile_change(
     assert proc.returncode == 0, explain(proc)
     assert changed_tasks(proc, HOST) == ["cufile : Cufile | Write the cuFile configuration"]
     assert _systemctl(svc, "is-active", "vllm") != "active"
+
+
+NVSWITCHES_FILE = "/etc/kvops-test-doubles/nvswitches"  # read by the modprobe double's nvidia
+FABRICMANAGER = "nvidia-fabricmanager-580"
+
+
+def _installed(lab: LabHosts, package: str) -> str:
+    """The installed version of ``package``, "" when it is not installed."""
+    proc = lab.ssh(HOST, ["dpkg-query", "-W", "-f=${Status} ${Version}", package], check=False)
+    status = proc.stdout.split()
+    return status[-1] if proc.returncode == 0 and "installed" in status[:3] else ""
+
+
+def test_fabric_manager_follows_the_nvswitches_the_driver_found(
+    svc: LabHosts, tmp_path: Path
+) -> None:
+    """Without an NVSwitch (the converge: fabricmanager auto) nothing is installed; once the
+    nvidia driver lists NVSwitches, the branch's Fabric Manager is installed at the driver's
+    version, held with it, enabled and started (the double starts only with its own driver
+    version loaded and NVSwitches listed)."""
+    assert _installed(svc, FABRICMANAGER) == ""
+    assert _systemctl(svc, "is-enabled", "nvidia-fabricmanager") != "enabled"
+    # An HGX H100 baseboard's NVSwitches, found by the driver when it loads.
+    svc.write_file(HOST, NVSWITCHES_FILE, "0000:05:00.0\n0000:06:00.0\n")
+    svc.ssh(HOST, ["rmmod", "nvidia"], sudo=True)
+    try:
+        proc = run_role(svc, tmp_path, "nvidia_driver", limit=HOST, extra_vars=SERVICES)
+        assert proc.returncode == 0, explain(proc)
+        assert (
+            "2 NVSwitch(es) found by the nvidia driver (0000:05:00.0, 0000:06:00.0)" in proc.stdout
+        )
+        assert _installed(svc, FABRICMANAGER) == "580.82.07-0ubuntu1"  # the driver's pin
+        held = svc.ssh(HOST, ["dpkg", "--get-selections", FABRICMANAGER]).stdout.split()
+        assert held == [FABRICMANAGER, "hold"]
+        assert _systemctl(svc, "is-enabled", "nvidia-fabricmanager") == "enabled"
+        assert _systemctl(svc, "is-active", "nvidia-fabricmanager") == "active"
+        assert svc.doubles_log(HOST, "nv-fabricmanager"), "the daemon never started"
+    finally:
+        _systemctl(svc, "disable", "--now", "nvidia-fabricmanager")
+        svc.ssh(
+            HOST,
+            ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-y", "-q",
+             "--allow-change-held-packages", "purge", FABRICMANAGER],
+            sudo=True,
+        )  # fmt: skip
+        svc.ssh(HOST, ["rm", "-f", NVSWITCHES_FILE], sudo=True)
+        svc.ssh(HOST, ["rmmod", "nvidia"], sudo=True, check=False)
+        svc.ssh(HOST, ["modprobe", "nvidia"], sudo=True)  # as loaded before: no NVSwitch

@@ -57,7 +57,7 @@ def test_truncated_result_line_is_a_warning() -> None:
     line = load("gh-issue-gds-nvidia-fs-78-single-write.txt").strip()
     out = parse_gdsio(line[: line.index("Throughput")] + "\n")
     assert out.results == []
-    assert "incomplete" in out.warnings[0]
+    assert "cut short" in out.warnings[0] and out.partial[0].missing[0] == "Throughput"
 
 
 def test_variable_io_size_and_old_units() -> None:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import filter_loader
 from ansible.template import Templar, trust_as_template
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,6 +94,8 @@ def test_rdma_client_uses_the_same_filter_file() -> None:
 
 
 def _render(expr: str, variables: dict[str, Any]) -> Any:
+    # The roles' own filters (normalize_fingerprint, ...), found as Ansible finds a role's plugins.
+    filter_loader.add_directory(str(ROLES / "nvidia_driver" / "filter_plugins"))
     templar = Templar(loader=DataLoader(), variables=variables)
     return templar.template(trust_as_template(expr))
 
@@ -110,7 +113,12 @@ def _role_vars(role: str, os_family: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("os_family", "fingerprint"),
-    [("Debian", "EB693B3035CD5710E231E123A4B469963BF863CC"), ("RedHat", "")],
+    # NVIDIA's SIGNATURES.md (github.com/NVIDIA/cuda-repo-management): gpg's
+    # "Primary key fingerprint" of each key.
+    [
+        ("Debian", "EB693B3035CD5710E231E123A4B469963BF863CC"),
+        ("RedHat", "610C7B14E068A878070DA4E99CD0A493D42D0685"),
+    ],
 )
 def test_the_cuda_key_defaults_to_nvidias_published_fingerprint(
     os_family: str, fingerprint: str
@@ -166,3 +174,114 @@ def test_a_preview_waits_for_the_repository_only_where_it_is_missing(
     }
     assert _render(doca, variables) is pending
     assert _render(doca, {**variables, "rdma_client_stack": "rdma-core"}) is False
+
+
+def _task(role: str, tasks_file: str, name: str) -> dict[str, Any]:
+    tasks = yaml.safe_load((ROLES / role / "tasks" / tasks_file).read_text())
+    [task] = [t for t in tasks if t.get("name") == name]
+    return dict(task)
+
+
+def test_every_cuda_key_default_is_a_full_fingerprint_and_both_are_required() -> None:
+    """Both OS families pin by 40 hex digits; an empty pin is refused unless the repository is
+    unmanaged or trusted (before, RHEL imported NVIDIA's key unpinned)."""
+    check = _task(
+        "nvidia_driver", "main.yml", "Nvidia_driver | Check the platform and the settings"
+    )
+    [rule] = [
+        c for c in check["vars"]["_nvidia_driver_checks"]
+        if "nvidia_driver_cuda_repo_key_fingerprint" in c["msg"]
+    ]  # fmt: skip
+    base = {"nvidia_driver_cuda_repo_manage": True, "nvidia_driver_cuda_repo_trusted": False}
+    for os_family in ("Debian", "RedHat"):
+        variables = {**_role_vars("nvidia_driver", os_family), **base}
+        variables["ansible_facts"] = {"os_family": os_family}
+        assert _render(rule["ok"], variables) is True
+        assert (
+            _render(rule["ok"], {**variables, "nvidia_driver_cuda_repo_key_fingerprint": ""})
+            is False
+        )
+        short = {**variables, "nvidia_driver_cuda_repo_key_fingerprint": "9CD0A493D42D0685"}
+        assert _render(rule["ok"], short) is False
+    name = (
+        "install-RedHat | Import the CUDA repository's signing key, checked against its fingerprint"
+    )
+    rpm_key = _task("nvidia_driver", "install-RedHat.yml", name)
+    assert "fingerprint" in rpm_key["ansible.builtin.rpm_key"]
+    assert not any("fingerprint" in str(w) for w in rpm_key["when"])  # never skipped
+
+
+def test_the_doca_key_is_unpinned_by_default_and_says_so() -> None:
+    """No public source gives GPG-KEY-Mellanox.pub's full fingerprint: the default is empty (not a
+    16-digit key ID, which is no pin), a short pin is refused, and a warning says how to pin."""
+    defaults = yaml.safe_load((ROLES / "rdma_client" / "defaults" / "main.yml").read_text())
+    assert defaults["rdma_client_doca_repo_key_fingerprint"] == ""
+    spec = yaml.safe_load((ROLES / "rdma_client" / "meta" / "argument_specs.yml").read_text())
+    option = spec["argument_specs"]["main"]["options"]["rdma_client_doca_repo_key_fingerprint"]
+    assert option["type"] == "str"
+    check = _task("rdma_client", "main.yml", "Rdma_client | Check the platform and the settings")
+    [rule] = [
+        c for c in check["vars"]["_rdma_client_checks"]
+        if "rdma_client_doca_repo_key_fingerprint" in c["msg"]
+    ]  # fmt: skip
+    for value, ok in (
+        ("", True),
+        ("70454E6B F5D9C2D3 B78709E8 DC726C5E 41B9CC50", True),
+        ("A024F6F0E6D6A281", False),
+        ("not hex at all", False),
+    ):
+        assert _render(rule["ok"], {"rdma_client_doca_repo_key_fingerprint": value}) is ok, value
+    warning = _task(
+        "rdma_client", "main.yml", "Rdma_client | Say that the DOCA repository key is not pinned"
+    )
+    assert "NOT pinned" in warning["ansible.builtin.debug"]["msg"]
+    assert "rdma_client_doca_repo_key_fingerprint | length == 0" in warning["when"]
+    assert "check_mode" not in warning  # a debug task runs in --check as in a real run
+
+
+@pytest.mark.parametrize(
+    ("role", "task", "pin_var"),
+    [
+        (
+            "nvidia_driver",
+            "install-Debian | Refuse a CUDA repository key without the pinned fingerprint",
+            "nvidia_driver_cuda_repo_key_fingerprint",
+        ),
+        (
+            "rdma_client",
+            "install-Debian | Refuse a DOCA repository key without the pinned fingerprint",
+            "rdma_client_doca_repo_key_fingerprint",
+        ),
+    ],
+)
+def test_the_key_check_refuses_a_key_with_another_fingerprint(
+    role: str, task: str, pin_var: str
+) -> None:
+    """The apt roles' assert, rendered as Ansible renders it, over the lab key: its own
+    fingerprint (spaced, lower case) passes; NVIDIA's, a suffix of it or a key ID does not."""
+    assert_task = _task(role, "install-Debian.yml", task)
+    register = "_nvidia_driver_repo_key" if role == "nvidia_driver" else "_rdma_client_repo_key"
+    filters = _filters().FilterModule().filters()
+
+    def passes(pin: str) -> bool:
+        fingerprints = filters["openpgp_fingerprints"](LAB_KEY.read_text())
+        local = {
+            k: v.replace(f"{register}.content | openpgp_fingerprints", "_fps").replace(
+                f"{pin_var} | normalize_fingerprint", "_pin"
+            )
+            for k, v in assert_task["vars"].items()
+        }
+        variables: dict[str, Any] = {
+            "_fps": fingerprints,
+            "_pin": filters["normalize_fingerprint"](pin),
+        }
+        variables.update({k: _render(v, variables) for k, v in local.items()})
+        return all(
+            _render("{{ " + cond + " }}", variables)
+            for cond in assert_task["ansible.builtin.assert"]["that"]
+        )
+
+    spaced = " ".join(LAB_KEY_FINGERPRINT[i : i + 4] for i in range(0, 40, 4)).lower()
+    assert passes(spaced)
+    assert not passes("EB693B3035CD5710E231E123A4B469963BF863CC")
+    assert not passes(LAB_KEY_FINGERPRINT[-16:])  # a long key ID is not the fingerprint

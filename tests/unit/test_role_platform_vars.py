@@ -338,48 +338,65 @@ def test_a_running_kernel_without_the_arguments_needs_the_gates_reboot() -> None
     assert missing("BOOT_IMAGE=/vmlinuz ro iommu=pt quiet\n") == []
 
 
-# `lspci -n -m` lines (slot "class" "vendor" "device" ...), hand-written in that format: an HGX
-# H100 baseboard's GPUs are 3D controllers (0302), its NVSwitches NVIDIA bridges (0680); a
-# Mellanox NIC (15b3, 0207) and an Intel bridge of class 0680 (8086) are no NVSwitch.
-_LSPCI_HGX = [
-    '00:00.0 "0600" "8086" "09a2" -r04 "8086" "0000"',
-    '00:1f.4 "0680" "8086" "1bc9" -r09 "15d9" "1c48"',
-    '18:00.0 "0302" "10de" "2330" -ra1 "10de" "16c1"',
-    '1a:00.0 "0207" "15b3" "1021" "15b3" "0023"',
-    '07:00.0 "0680" "10de" "22a3" -ra1 "10de" "1796"',
-    '08:00.0 "0680" "10de" "22a3" -ra1 "10de" "1796"',
-]
-_LSPCI_PCIE_L40S = [
-    '00:00.0 "0600" "8086" "09a2" -r04 "8086" "0000"',
-    '00:1f.4 "0680" "8086" "1bc9" -r09 "15d9" "1c48"',
-    '3b:00.0 "0302" "10de" "26b9" -ra1 "10de" "1851"',
-]
+def _nvswitch_entries(*addresses: str) -> dict[str, Any]:
+    """What ``find`` returns for /proc/driver/nvidia-nvswitch/devices: one entry per NVSwitch."""
+    devices = "/proc/driver/nvidia-nvswitch/devices"
+    return {"files": [{"path": f"{devices}/{a}"} for a in addresses]}
+
+
+_DETECTABLE = {
+    "nvidia_driver_state": "present",
+    "nvidia_driver_kernel_steps": True,
+    "_nvidia_driver_install_previewed": False,
+}
 
 
 @pytest.mark.parametrize(
-    ("setting", "lspci", "switches", "wanted"),
+    ("setting", "entries", "switches", "wanted"),
     [
-        ("auto", _LSPCI_HGX, ["07:00.0", "08:00.0"], True),
-        ("auto", _LSPCI_PCIE_L40S, [], False),  # a PCIe GPU server: no Fabric Manager
-        ("never", _LSPCI_HGX, ["07:00.0", "08:00.0"], False),
-        ("always", [], [], True),
+        # An HGX H100 baseboard: the driver lists its NVSwitches by PCI address.
+        ("auto", _nvswitch_entries("0000:06:00.0", "0000:05:00.0"),
+         ["0000:05:00.0", "0000:06:00.0"], True),
+        ("auto", _nvswitch_entries(), [], False),  # a PCIe GPU server: the list is empty
+        ("auto", {"skipped": True}, [], False),  # no list at all (no directory)
+        ("never", _nvswitch_entries("0000:05:00.0"), ["0000:05:00.0"], False),
+        ("always", {"skipped": True}, [], True),
     ],
-)
-def test_fabric_manager_only_where_an_nvswitch_is_on_the_pci_bus(
-    setting: str, lspci: list[str], switches: list[str], wanted: bool
+)  # fmt: skip
+def test_fabric_manager_only_where_the_driver_lists_nvswitches(
+    setting: str, entries: dict[str, Any], switches: list[str], wanted: bool
 ) -> None:
     common = {
+        **_DETECTABLE,
         "nvidia_driver_fabricmanager": setting,
-        "_nvidia_driver_lspci": {"stdout_lines": lspci},
+        "_nvidia_driver_nvswitch_entries": entries,
     }
     got = _render("nvidia_driver", "ubuntu-22.04-x86_64", "_nvidia_driver_nvswitches", **common)
     assert list(got) == switches
-    assert (
-        _render(
-            "nvidia_driver", "ubuntu-22.04-x86_64", "_nvidia_driver_fabricmanager_wanted", **common
-        )
-        is wanted
+    expr = "_nvidia_driver_fabricmanager_wanted"
+    assert _render("nvidia_driver", "ubuntu-22.04-x86_64", expr, **common) is wanted
+
+
+@pytest.mark.parametrize(
+    ("changes", "detect"),
+    [
+        ({}, True),
+        ({"kernel_gate_pending": True}, False),  # the new driver is not loaded before the reboot
+        ({"_nvidia_driver_install_previewed": True}, False),  # --check installed nothing
+        ({"nvidia_driver_kernel_steps": False}, False),  # no driver loaded by the role
+        ({"nvidia_driver_fabricmanager": "always"}, False),  # nothing to look for
+    ],
+)
+def test_the_nvswitch_list_is_read_only_from_a_loaded_driver(
+    changes: dict[str, Any], detect: bool
+) -> None:
+    variables = {**_DETECTABLE, "nvidia_driver_fabricmanager": "auto", **changes}
+    got = _render(
+        "nvidia_driver", "ubuntu-22.04-x86_64", "_nvidia_driver_nvswitch_detect", **variables
     )
+    assert got is detect
+    path = _render("nvidia_driver", "rhel-9.4-x86_64", "_nvidia_driver_nvswitch_dir", **variables)
+    assert path == "/proc/driver/nvidia-nvswitch/devices"
 
 
 @pytest.mark.parametrize(
