@@ -239,6 +239,10 @@ _SHAPE_OPTIONS = [
                  default="shuffled", show_default=True,
                  help="Send order within an iteration (as kvops ab-test)."),
     click.option("--seed", default=0, show_default=True, type=int),
+    click.option("--send-interval-ms", default=0.0, show_default=True, type=click.FloatRange(0),
+                 help="Model-time ms between a batch's consecutive sends (a real client writes "
+                      "one body after another; a late request's prefill then lands between the "
+                      "others' decode steps, which lowers the ITL gain). 0: all at once."),
     click.option("--cpu-tier-gb", default=0.0, show_default=True, type=click.FloatRange(0),
                  help="Offload arm: an LMCache CPU DRAM tier of this size in front of GDS "
                       "(local_cpu + max_local_cpu_size; read first, written through)."),
@@ -283,6 +287,7 @@ def _shape(opts: dict[str, Any]) -> SeedShape:
         vocab_size=load_model(opts["model"]).vocab_size,
         seed=opts["seed"],
         request_order=opts["request_order"],
+        send_interval_s=opts["send_interval_ms"] / 1e3,
     )
 
 
@@ -328,7 +333,8 @@ def run(**opts: Any) -> None:
     for arm, offload in (("baseline", False), ("offload", True)):
         settings = _arm_settings(opts)(offload)
         engine = build_engine(model, gpu, storage, settings)
-        summary = summarize(run_batches(engine, seed_batches(scenario, shape)), skip)
+        batches = seed_batches(scenario, shape)
+        summary = summarize(run_batches(engine, batches, shape.send_interval_s), skip)
         out[arm] = {
             "num_gpu_blocks": engine.cache.num_blocks,
             "gds_buffer_mib": settings.gds_buffer_reserved_mib,

@@ -35,6 +35,10 @@ class SeedShape:
     vocab_size: int = 128_256
     seed: int = 0
     request_order: str = "shuffled"  # or "cyclic": prefix 0, 1, ..., N-1, 0, ... (as ab-test)
+    # virtual seconds between a batch's consecutive sends: a real client writes one body after
+    # another, and a request arriving after the batch's first step began has its prefill put
+    # between the others' decode steps (0: the whole batch at one instant, an ideal client)
+    send_interval_s: float = 0.0
 
 
 def seed_batches(scenario: str, shape: SeedShape = SeedShape()) -> list[list[Request]]:
@@ -69,12 +73,16 @@ def iter_seed_batches(scenario: str, shape: SeedShape = SeedShape()) -> Iterator
         yield batch
 
 
-def run_batches(engine: Engine, batches: Iterable[list[Request]]) -> list[SimRequestRecord]:
-    """Closed loop: each batch arrives when the engine has finished the previous one."""
+def run_batches(
+    engine: Engine, batches: Iterable[list[Request]], send_interval_s: float = 0.0
+) -> list[SimRequestRecord]:
+    """Closed loop: each batch is sent when the engine has finished the previous one, its
+    requests `send_interval_s` apart in send order."""
     records: list[SimRequestRecord] = []
     for batch in batches:
-        for req in batch:
-            req.arrival_s = engine.now_s
+        start_s = engine.now_s
+        for position, req in enumerate(batch):
+            req.arrival_s = start_s + position * send_interval_s
         records.extend(engine.run(batch))
     return records
 

@@ -91,7 +91,7 @@ def run_sweep(
 
         def arm(offload: bool, s: SeedShape = s, st: StorageProfile = st) -> Summary:
             engine = build_engine(model, gpu, st, settings(offload))
-            records = run_batches(engine, seed_batches(scenario, s))
+            records = run_batches(engine, seed_batches(scenario, s), s.send_interval_s)
             return summarize(records, skip_iterations * s.batch_size)
 
         if baseline is None or param in SHAPE_PARAMS:

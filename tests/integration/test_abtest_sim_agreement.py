@@ -46,10 +46,11 @@ def _ab_test(tmp_path: Path) -> dict[str, object]:
     return doc
 
 
-def _sim_run() -> dict[str, dict[str, float]]:
+def _sim_run(*extra: str) -> dict[str, dict[str, float]]:
     """`kvops sim run` with the same shape (in-process: it is pure computation)."""
     opts = [f"--{k.replace('_', '-')}={v}" for k, v in SHAPE.items()]
-    result = CliRunner().invoke(sim, ["run", "--scenario", "multi-prefix", *opts, "--scale", SCALE])
+    args = ["run", "--scenario", "multi-prefix", *opts, "--scale", SCALE, *extra]
+    result = CliRunner().invoke(sim, args)
     assert result.exit_code == 0, result.output[-2000:]
     doc: dict[str, dict[str, float]] = json.loads(result.stdout)
     return doc
@@ -86,3 +87,22 @@ def test_embedded_ab_test_agrees_with_sim_run(tmp_path: Path) -> None:
     for metric in (*METRICS, "mean_itl_ms"):
         off = measured[metric] / predicted[metric] - 1.0
         assert abs(off) <= TOLERANCE, (metric, measured, predicted)
+    # sim run told the client's mean spacing of sends (in model time) agrees on all three
+    interval_ms = _mean_send_interval_s(tmp_path / "run") * 1e3
+    assert interval_ms > 0.0
+    spread = _ratios(_sim_run(f"--send-interval-ms={interval_ms:.4f}"), (*METRICS, "mean_itl_ms"))
+    for metric in (*METRICS, "mean_itl_ms"):
+        off = measured[metric] / spread[metric] - 1.0
+        assert abs(off) <= TOLERANCE, (metric, measured, spread, interval_ms)
+
+
+def _mean_send_interval_s(run: Path) -> float:
+    """Virtual seconds between consecutive sends of a release group, averaged over the run."""
+    time_scale = json.loads((run / "run.json").read_text())["sim"]["time_scale"]
+    groups: dict[tuple[object, ...], list[float]] = {}
+    for line in (run / "records.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        key = (r["attempt"], r["arm"], r["trial"], r["iteration"], r["batch"])
+        groups.setdefault(key, []).append(r["send_perf_s"])
+    spans = [(max(v) - min(v)) / (len(v) - 1) for v in groups.values() if len(v) > 1]
+    return sum(spans) / len(spans) / float(time_scale)

@@ -24,6 +24,7 @@ from ansible.playbook import Playbook
 from ansible.plugins.loader import filter_loader, init_plugin_loader
 from ansible.template import Templar, trust_as_template
 from ansible.vars.manager import VariableManager
+from role_files import role_vars_file
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
@@ -104,24 +105,14 @@ def _module(task: dict[str, Any]) -> str:
     return module
 
 
-def _trusted(value: Any) -> Any:
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, list):
-        return [_trusted(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _trusted(v) for k, v in value.items()}
-    return value
-
-
 def _variables(role: str, platform: str, **extra: Any) -> dict[str, Any]:
     facts = FACTS[platform]
     variables: dict[str, Any] = {}
     for path in (ROLES / role / "defaults" / "main.yml", ROLES / role / "vars" / "main.yml"):
-        variables.update(_trusted(yaml.safe_load(path.read_text())))
+        variables.update(role_vars_file(path))
     os_vars = ROLES / role / "vars" / "RedHat.yml"
     if os_vars.is_file():
-        variables.update(_trusted(yaml.safe_load(os_vars.read_text())))
+        variables.update(role_vars_file(os_vars))
     variables.update(extra, ansible_facts=facts, ansible_check_mode=False)
     return variables
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
+from role_files import role_vars_file
 
 ROLES = Path(__file__).resolve().parents[2] / "roles"
 
@@ -49,17 +50,6 @@ PLATFORMS: dict[str, dict[str, str]] = {
 }
 
 
-def _trusted(value: Any) -> Any:
-    """Role files are trusted templates in Ansible; plain YAML loading does not mark them."""
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, list):
-        return [_trusted(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _trusted(v) for k, v in value.items()}
-    return value
-
-
 def _os_vars_files(role: str, facts: dict[str, str]) -> list[Path]:
     """What the role's first_found picks: distribution, then OS family (none for a role
     without per-OS variables)."""
@@ -80,7 +70,7 @@ def _render(
         ROLES / role / "vars" / "main.yml",
         *_os_vars_files(role, facts),
     ):
-        variables.update(_trusted(yaml.safe_load(path.read_text())))
+        variables.update(role_vars_file(path))
     variables.update(role_vars, ansible_facts=facts)
     templar = Templar(loader=DataLoader(), variables=variables)
     return templar.template(trust_as_template("{{ " + expr + " }}"))

@@ -166,3 +166,22 @@ def test_a_shared_prefix_is_copied_to_the_offload_buffer_once() -> None:
     prompts = shape.batch_size * shape.iterations
     full_chunks_sent = prompts * ((shape.prefix_tokens + shape.suffix_tokens) // 256) * 256
     assert stored_tokens < full_chunks_sent / 3
+
+
+def test_spread_sends_put_late_prefills_between_decode_steps() -> None:
+    """A batch sent over time instead of at one instant: requests arrive `send_interval_s`
+    apart in send order, and a late arrival's prefill lands between the early requests'
+    decode steps, so their inter-token gaps grow (what a real client's sends do to mean ITL)."""
+    shape = SeedShape(
+        prefix_tokens=2_048, suffix_tokens=512, batch_size=8, iterations=1, output_tokens=32
+    )
+
+    def records(interval_s: float) -> list:
+        engine = build_engine()
+        return run_batches(engine, seed_batches("unique", shape), interval_s)
+
+    at_once, spread = records(0.0), records(0.05)
+    assert {r.arrival_s for r in at_once} == {0.0}
+    assert [r.arrival_s for r in spread] == pytest.approx([i * 0.05 for i in range(8)])
+    # 15.3 ms -> 16.7 ms here: each arrival's 2,560-token prefill delays the decode steps
+    assert summarize(spread).mean_itl_ms > 1.05 * summarize(at_once).mean_itl_ms

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
+from role_files import role_vars_file
 
 from kvops.parse.lmcache_config import known_keys
 
@@ -76,20 +77,10 @@ def test_values_lmcache_would_misread_are_refused() -> None:
     ]
 
 
-def _trusted(value: Any) -> Any:
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, list):
-        return [_trusted(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _trusted(v) for k, v in value.items()}
-    return value
-
-
 def _render(expr: str, **role_vars: Any) -> Any:
     variables: dict[str, Any] = {}
     for path in (ROLE / "defaults" / "main.yml", ROLE / "vars" / "main.yml"):
-        variables.update(_trusted(yaml.safe_load(path.read_text())))
+        variables.update(role_vars_file(path))
     variables.update(role_vars, ansible_facts={"os_family": "Debian"})
     templar = Templar(loader=DataLoader(), variables=variables)
     return templar.template(trust_as_template(expr))
