@@ -354,10 +354,11 @@ def test_ab_test_deploy_shows_the_offload_gain_on_many_shared_prefixes(
     tput = next(c for c in multi["comparisons"] if c["metric"] == "total_token_throughput_tok_s")
     assert tput["ci95_low_pct"] > 0
     deploys = _deploys(out)
-    # one deploy per arm before reading its info, then one per segment (4 trials x 2 arms, ABBA)
-    info_deploys = ["baseline", "offload"]
-    segment_deploys = ["baseline", "offload", "offload", "baseline"] * 2  # ABBA ABBA
-    assert [d["variant"] for d in deploys] == [*info_deploys, *segment_deploys]
+    # one deploy per arm before reading its info, the arm measured first (baseline) last and
+    # measured on that deploy; then one per segment (4 trials x 2 arms, ABBA ABBA)
+    info_deploys = ["offload", "baseline"]
+    segment_deploys = ["baseline", "offload", "offload", "baseline"] * 2
+    assert [d["variant"] for d in deploys] == [*info_deploys, *segment_deploys[1:]]
     assert all(d["status"] == "successful" and d["clear_gds_dir"] for d in deploys)
     offload = next(d for d in deploys if d["variant"] == "offload")["deployed"][OFFLOAD]
     assert offload["lmcache_config"]["gds_path"] == GDS_DIR
@@ -396,11 +397,10 @@ def test_a_failed_deploy_stops_ab_test_with_the_plays_error(
         )
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert 'did you mean "chunk_size"' in proc.stderr, proc.stderr[-3000:]
-        # the baseline arm has no LMCache config to refuse; the offload arm's deploy fails
-        assert [(d["variant"], d["status"]) for d in _deploys(out)] == [
-            ("baseline", "successful"),
-            ("offload", "failed"),
-        ]
+        # the offload arm is deployed first (for its info; baseline, measured first, goes
+        # last) and its deploy fails: the run stops there, nothing measured
+        assert [(d["variant"], d["status"]) for d in _deploys(out)] == [("offload", "failed")]
+        assert not (out / "records.jsonl").exists() or not (out / "records.jsonl").read_text()
     finally:
         restored = run_deploy(deploy_lab, wheel_vars, limit=OFFLOAD)
         assert restored.returncode == 0, explain(restored)
