@@ -5,7 +5,7 @@
 # tiers that need them skip with that reason (in CI they fail instead: tests/ci_rule.py).
 set -euo pipefail
 
-PACKAGES=(make git openssh-server openssh-client sudo iproute2 mmdebstrap zstd dpkg-dev)
+PACKAGES=(make git openssh-server openssh-client sudo iproute2 mmdebstrap zstd dpkg-dev gpg)
 
 command -v dpkg >/dev/null 2>&1 || { echo "system-deps: not a Debian/Ubuntu system; the lab tier will skip" >&2; exit 0; }
 

@@ -7,15 +7,21 @@ distribution's stack), no OFED kernel stack before nvidia-fs, nvidia-fs built be
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from email.utils import formatdate
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from ci_rule import unavailable
 from lab_harness import LabHosts
 from site_lab import (
     HERE,
@@ -68,6 +74,7 @@ NVIDIA_CUDA_KEY_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"
 NO_VENDOR_REPOS = "/etc/apt/preferences.d/kvops-test-no-vendor-repos"
 _VENDOR_PACKAGES = "nvidia-* libnvidia-* cuda-* libcufile* gds-tools-* doca-* mlnx-*"
 _REPO_FILES = ("/etc/apt/sources.list.d/cuda.sources", "/etc/apt/sources.list.d/doca.sources")
+_DOCA_KEYRINGS = ("/etc/apt/keyrings/doca.gpg", "/etc/apt/keyrings/doca.asc")
 
 
 @pytest.fixture()
@@ -81,16 +88,17 @@ def key_server(guard: LabHosts) -> Iterator[str]:
 
 
 def _managed_repos(url: str, fingerprint: str) -> dict[str, Any]:
-    """The roles add their repositories themselves, from ``url``, pinned to ``fingerprint``."""
-    key = f"{url}/lab-repo-key.asc"
+    """The roles add their repositories themselves, from ``url``, pinned to ``fingerprint``.
+    The CUDA key is served armored (NVIDIA's .pub), the DOCA key as a binary keyring (DOCA's
+    doca_keyring.gpg): the same lab key in both forms."""
     return {
         "nvidia_driver_cuda_repo_manage": True,
         "nvidia_driver_cuda_repo_url": f"{url}/cuda/",
-        "nvidia_driver_cuda_repo_key_url": key,
+        "nvidia_driver_cuda_repo_key_url": f"{url}/lab-repo-key.asc",
         "nvidia_driver_cuda_repo_key_fingerprint": fingerprint,
         "rdma_client_doca_repo_manage": True,
         "rdma_client_doca_repo_url": f"{url}/doca/",
-        "rdma_client_doca_repo_key_url": key,
+        "rdma_client_doca_repo_key_url": f"{url}/lab-repo-key.gpg",
         "rdma_client_doca_repo_key_fingerprint": fingerprint,
     }
 
@@ -120,8 +128,10 @@ def test_check_mode_on_a_fresh_host_previews_without_changing_it(
     assert "doca-ofed, mlnx-nfsrdma-dkms cannot be resolved now" in out
     assert "nvidia-gds, nvidia-fs, nvidia-fs-dkms cannot be resolved now" in out
     assert not _installed(guard, "nvidia-driver-580-open")  # ... but changed nothing
-    for path in (*_REPO_FILES, "/etc/apt/keyrings/cuda.asc"):
+    for path in (*_REPO_FILES, "/etc/apt/keyrings/cuda.asc", *_DOCA_KEYRINGS):
         assert guard.ssh(HOST, ["test", "-e", path], check=False).returncode != 0, path
+    # The downloaded key's temporary file is gone too.
+    assert guard.ssh(HOST, ["sh", "-c", "ls /tmp/*.doca-key"], check=False).returncode != 0
     assert "192.0.2.50:/kvcache" not in guard.read_file(HOST, "/etc/fstab")
     assert guard.doubles_log(HOST, "modprobe") == []
 
@@ -138,7 +148,7 @@ def test_a_repository_key_with_another_fingerprint_is_refused_before_the_reposit
         msg = failure_messages(proc)
         assert f"has fingerprint(s) {LAB_KEY_FINGERPRINT}, not the pinned" in msg, msg
         assert NVIDIA_CUDA_KEY_FINGERPRINT in msg and f"the {name} repository was not added" in msg
-    for path in (*_REPO_FILES, "/etc/apt/keyrings/cuda.asc", "/etc/apt/keyrings/doca.asc"):
+    for path in (*_REPO_FILES, "/etc/apt/keyrings/cuda.asc", *_DOCA_KEYRINGS):
         assert guard.ssh(HOST, ["test", "-e", path], check=False).returncode != 0, path
     assert not _installed(guard, "nvidia-driver-580-open")
 
@@ -167,23 +177,81 @@ _GDS_ALL = [
 ]
 
 
+def _signed_flat_repo(directory: Path) -> str:
+    """An empty flat apt repository laid out as DOCA's (InRelease, and doca_keyring.gpg, a binary
+    keyring, in the repository directory), signed by a key made here; returns its fingerprint."""
+    if shutil.which("gpg") is None:
+        unavailable("gpg is missing (as root, `scripts/system-deps.sh` installs it)")
+    home = directory.parent / "gnupg"
+    home.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(home)}
+
+    def gpg(*argv: str) -> bytes:
+        return subprocess.run(
+            ["gpg", "--batch", *argv], env=env, capture_output=True, check=True
+        ).stdout
+
+    try:
+        gpg("--passphrase", "", "--quick-gen-key", "kvops lab DOCA <lab@example.invalid>",
+            "ed25519", "sign", "never")  # fmt: skip
+        colons = gpg("--with-colons", "--list-keys").decode().splitlines()
+        fingerprint = next(line.split(":")[9] for line in colons if line.startswith("fpr:"))
+        directory.mkdir()
+        (directory / "doca_keyring.gpg").write_bytes(gpg("--export", fingerprint))
+        packages = b""  # no packages: the lab's own source carries the DOCA test doubles
+        (directory / "Packages").write_bytes(packages)
+        # A flat repository's Release (https://wiki.debian.org/DebianRepository/Format).
+        (directory / "Release").write_text(
+            f"Origin: kvops-lab\nLabel: doca\nDate: {formatdate(usegmt=True)}\nSHA256:\n"
+            f" {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages\n"
+        )
+        gpg("--local-user", fingerprint, "--clearsign", "--output",
+            str(directory / "InRelease"), str(directory / "Release"))  # fmt: skip
+    finally:
+        subprocess.run(["gpgconf", "--kill", "all"], env=env, check=False, capture_output=True)
+    return fingerprint
+
+
 def test_doca_replaces_the_distro_rdma_core_in_place(guard: LabHosts, tmp_path: Path) -> None:
+    """With the DOCA repository added as the role adds it by default: the key is the binary
+    keyring doca_keyring.gpg beside InRelease, pinned, and apt verifies the repository with it."""
+    fingerprint = _signed_flat_repo(tmp_path / "doca")
+    server, url = serve_directory(tmp_path, guard.gateway_ip)
+    repo = {
+        "rdma_client_stack": "doca-ofed",
+        "rdma_client_doca_repo_manage": True,
+        "rdma_client_doca_repo_url": f"{url}/doca/",
+        "rdma_client_doca_repo_key_fingerprint": fingerprint,
+    }
     _apt(guard, "install", "rdma-core=44.0-2", "ibverbs-utils=44.0-2")
     try:
-        proc = run_role(
-            guard,
-            tmp_path,
-            "rdma_client",
-            limit=HOST,
-            extra_vars={"rdma_client_stack": "doca-ofed"},
-        )
+        proc = run_role(guard, tmp_path, "rdma_client", limit=HOST, extra_vars=repo)
         assert proc.returncode == 0, explain(proc)
+        assert f"rdma_client: DOCA repository key {fingerprint}" in proc.stdout
+        # The bytes checked are the bytes apt trusts, under the suffix apt reads them by.
+        served = (tmp_path / "doca" / "doca_keyring.gpg").read_bytes()
+        installed = guard.ssh(HOST, ["base64", "-w0", "/etc/apt/keyrings/doca.gpg"]).stdout
+        assert installed == base64.b64encode(served).decode()
+        sources = guard.read_file(HOST, "/etc/apt/sources.list.d/doca.sources")
+        assert "Signed-By: /etc/apt/keyrings/doca.gpg" in sources, sources
         assert _installed(guard, "doca-ofed") and _installed(guard, "mlnx-nfsrdma-dkms")
         version = guard.ssh(HOST, ["dpkg-query", "-W", "-f=${Version}", "rdma-core"]).stdout
         assert "mlnx" in version  # DOCA's build over Debian's, not a second stack beside it
         # rpcrdma loaded: the one mlnx-nfsrdma-dkms rebuilt for OFED's kernel stack.
         assert "rpcrdma" in guard.doubles_log(HOST, "modprobe")
+        again = run_role(guard, tmp_path, "rdma_client", limit=HOST, extra_vars=repo)
+        assert again.returncode == 0 and recap(again)[HOST]["changed"] == 0, explain(again)
+        # apt really checks the repository against that keyring: another key in it, and apt
+        # refuses the repository.
+        other = base64.b64encode((HERE / "files" / "lab-repo-key.gpg").read_bytes()).decode()
+        swap = ["sh", "-c", "base64 -d > /etc/apt/keyrings/doca.gpg"]
+        guard.ssh(HOST, swap, sudo=True, input_text=other)
+        refused = guard.ssh(HOST, ["apt-get", "update"], sudo=True, check=False)
+        said = refused.stdout + refused.stderr
+        assert "NO_PUBKEY" in said and f"{url}/doca" in said, said
     finally:
+        server.shutdown()
+        guard.ssh(HOST, ["rm", "-f", _REPO_FILES[1], *_DOCA_KEYRINGS], sudo=True)
         _apt(guard, "purge", *_DOCA_ALL)
         guard.ssh(HOST, ["rm", "-f", "/etc/modules-load.d/rpcrdma.conf"], sudo=True)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,6 +26,8 @@ from ansible.template import Templar, trust_as_template
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
 LAB_KEY = REPO / "tests" / "lab" / "files" / "lab-repo-key.asc"
+# The same key as a binary keyring, as DOCA serves doca_keyring.gpg (`gpg --dearmor` of the .asc).
+LAB_KEYRING = REPO / "tests" / "lab" / "files" / "lab-repo-key.gpg"
 LAB_KEY_FINGERPRINT = "B233E651D1F4CEA32271F977E6D611B401770A50"  # gpg --show-keys
 
 
@@ -176,9 +179,19 @@ def test_a_preview_waits_for_the_repository_only_where_it_is_missing(
     assert _render(doca, {**variables, "rdma_client_stack": "rdma-core"}) is False
 
 
+def _flat(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every task of a task list, those inside blocks (and their always/rescue) included."""
+    out: list[dict[str, Any]] = []
+    for t in tasks:
+        out.append(t)
+        for part in ("block", "rescue", "always"):
+            out += _flat(t.get(part, []))
+    return out
+
+
 def _task(role: str, tasks_file: str, name: str) -> dict[str, Any]:
     tasks = yaml.safe_load((ROLES / role / "tasks" / tasks_file).read_text())
-    [task] = [t for t in tasks if t.get("name") == name]
+    [task] = [t for t in _flat(tasks) if t.get("name") == name]
     return dict(task)
 
 
@@ -211,11 +224,41 @@ def test_every_cuda_key_default_is_a_full_fingerprint_and_both_are_required() ->
     assert not any("fingerprint" in str(w) for w in rpm_key["when"])  # never skipped
 
 
-def test_the_doca_key_is_unpinned_by_default_and_says_so() -> None:
-    """No public source gives GPG-KEY-Mellanox.pub's full fingerprint: the default is empty (not a
-    16-digit key ID, which is no pin), a short pin is refused, and a warning says how to pin."""
-    defaults = yaml.safe_load((ROLES / "rdma_client" / "defaults" / "main.yml").read_text())
-    assert defaults["rdma_client_doca_repo_key_fingerprint"] == ""
+@pytest.mark.parametrize(
+    ("os_family", "key_url", "fingerprint"),
+    [
+        # apt: the "NVIDIA DOCA Host" key that signs every DOCA apt repository since January 2026,
+        # served as doca_keyring.gpg in the repository directory (Azure/AgentBaker#9394 checked
+        # the live InRelease signature against this fingerprint).
+        (
+            "Debian",
+            "https://linux.mellanox.com/public/repo/doca/3.1.0/ubuntu24.04/x86_64/doca_keyring.gpg",
+            "70454E6BF5D9C2D3B78709E8DC726C5E41B9CC50",
+        ),
+        # dnf: rpm_key reads armored keys only; GPG-KEY-Mellanox.pub's fingerprint is unpublished.
+        ("RedHat", "https://linux.mellanox.com/public/repo/doca/GPG-KEY-Mellanox.pub", ""),
+    ],
+)
+def test_the_doca_key_defaults_to_the_key_its_repository_is_signed_with(
+    os_family: str, key_url: str, fingerprint: str
+) -> None:
+    """Before, apt hosts fetched GPG-KEY-Mellanox.pub, which does not carry the key the DOCA apt
+    repositories are signed with since January 2026: `apt-get update` failed with NO_PUBKEY."""
+    variables = _role_vars("rdma_client", os_family)
+    variables["ansible_facts"] = {
+        "os_family": os_family,
+        "distribution": "Ubuntu" if os_family == "Debian" else "RedHat",
+        "distribution_version": "24.04" if os_family == "Debian" else "9.4",
+        "distribution_major_version": "24" if os_family == "Debian" else "9",
+        "architecture": "x86_64",
+    }
+    assert _render("{{ rdma_client_doca_repo_key_url | trim }}", variables) == key_url
+    assert _render("{{ rdma_client_doca_repo_key_fingerprint | trim }}", variables) == fingerprint
+
+
+def test_an_unpinned_doca_key_is_allowed_only_with_a_warning() -> None:
+    """Empty (dnf's default, or an operator's choice) is allowed but said at every run, --check
+    included; a 16-digit key ID is refused (it is no pin)."""
     spec = yaml.safe_load((ROLES / "rdma_client" / "meta" / "argument_specs.yml").read_text())
     option = spec["argument_specs"]["main"]["options"]["rdma_client_doca_repo_key_fingerprint"]
     assert option["type"] == "str"
@@ -237,6 +280,34 @@ def test_the_doca_key_is_unpinned_by_default_and_says_so() -> None:
     assert "NOT pinned" in warning["ansible.builtin.debug"]["msg"]
     assert "rdma_client_doca_repo_key_fingerprint | length == 0" in warning["when"]
     assert "check_mode" not in warning  # a debug task runs in --check as in a real run
+
+
+def test_a_binary_keyring_has_the_fingerprint_of_its_armored_form() -> None:
+    """DOCA serves a binary keyring; the role reads the downloaded file as slurp's base64."""
+    f = _filters()
+    binary = base64.b64encode(LAB_KEYRING.read_bytes()).decode()
+    armored = base64.b64encode(LAB_KEY.read_bytes()).decode()
+    assert f.openpgp_fingerprints(binary, "base64") == [LAB_KEY_FINGERPRINT]
+    assert f.openpgp_fingerprints(armored, "base64") == [LAB_KEY_FINGERPRINT]
+    # apt reads a Signed-By file by its suffix (sources.list(5)).
+    assert f.openpgp_key_suffix(binary) == ".gpg"
+    assert f.openpgp_key_suffix(armored) == ".asc"
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b"<html>404 Not Found</html>", "no packet header"),
+        # A GnuPG keybox (pubring.kbx) is not an OpenPGP keyring apt can read either.
+        (b"\x00\x00\x00\x20\x01\x01\x00\x00KBXf", "no packet header"),
+        (b"", "holds no public key"),
+    ],
+)
+def test_a_download_that_is_no_key_is_a_clear_error(data: bytes, error: str) -> None:
+    with pytest.raises(AnsibleFilterError, match=error):
+        _filters().openpgp_fingerprints(base64.b64encode(data).decode(), "base64")
+    with pytest.raises(AnsibleFilterError, match="not base64"):
+        _filters().openpgp_fingerprints("*not base64*", "base64")
 
 
 @pytest.mark.parametrize(
@@ -266,9 +337,9 @@ def test_the_key_check_refuses_a_key_with_another_fingerprint(
     def passes(pin: str) -> bool:
         fingerprints = filters["openpgp_fingerprints"](LAB_KEY.read_text())
         local = {
-            k: v.replace(f"{register}.content | openpgp_fingerprints", "_fps").replace(
-                f"{pin_var} | normalize_fingerprint", "_pin"
-            )
+            k: re.sub(
+                rf"{register}\.content \| openpgp_fingerprints(\('base64'\))?", "_fps", v
+            ).replace(f"{pin_var} | normalize_fingerprint", "_pin")
             for k, v in assert_task["vars"].items()
         }
         variables: dict[str, Any] = {

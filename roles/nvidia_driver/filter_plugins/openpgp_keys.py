@@ -1,9 +1,14 @@
-"""Filter of the repository roles: the fingerprints of an ASCII-armored OpenPGP public key.
+"""Filter of the repository roles: the fingerprints of an OpenPGP public key, armored or binary.
 
 Why here and not gpg on the host: the roles pin each vendor repository key by fingerprint and
 must refuse a downloaded key with another one BEFORE the repository is added; a fresh host has
 only gpgv (which cannot list fingerprints), and the check must also run in --check mode.
 nvidia_driver and rdma_client share this file (rdma_client's copy is a link to this one).
+
+A key arrives as the text of an ASCII-armored block (``uri`` ``return_content``: the CUDA keys)
+or as ``slurp``'s base64 of a downloaded file, which may be a binary keyring (DOCA's
+``doca_keyring.gpg``) or armored; ``openpgp_key_suffix`` names the file suffix apt expects of each
+(sources.list(5), Signed-By: ``.asc`` armored, ``.gpg`` binary).
 
 Fingerprint of a v4 key (RFC 4880 section 12.2, https://www.rfc-editor.org/rfc/rfc4880#section-12.2):
 SHA-1 over 0x99, the two-octet length of the public-key packet body, and the body. Packet
@@ -75,12 +80,22 @@ def _packets(data: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-def openpgp_fingerprints(armored: Any) -> list[str]:
-    """Upper-case hex fingerprints of the primary keys in an ASCII-armored key block."""
-    if not isinstance(armored, str):
-        raise AnsibleFilterError(f"expected the key's text, got {type(armored).__name__}")
+def _slurped(value: Any) -> bytes:
+    if not isinstance(value, str):
+        raise AnsibleFilterError(f"expected slurp's base64 content, got {type(value).__name__}")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise AnsibleFilterError(f"not base64 (slurp's content): {exc}") from None
+
+
+def _is_armored(data: bytes) -> bool:
+    return data.lstrip().startswith(b"-----BEGIN PGP PUBLIC KEY BLOCK-----")
+
+
+def _fingerprints(data: bytes) -> list[str]:
     fingerprints = []
-    for tag, body in _packets(_dearmor(armored)):
+    for tag, body in _packets(data):
         if tag != _PUBLIC_KEY_TAG:
             continue
         if not body or body[0] != 4:
@@ -91,6 +106,30 @@ def openpgp_fingerprints(armored: Any) -> list[str]:
     if not fingerprints:
         raise AnsibleFilterError("the OpenPGP data holds no public key")
     return fingerprints
+
+
+def openpgp_fingerprints(key: Any, encoding: str = "text") -> list[str]:
+    """Upper-case hex fingerprints of the primary keys in a key.
+
+    ``encoding="text"``: ``key`` is an ASCII-armored block. ``encoding="base64"``: ``key`` is the
+    base64 of a key file (``slurp``), binary packets or an armored block.
+    """
+    if encoding == "base64":
+        data = _slurped(key)
+        if _is_armored(data):
+            return _fingerprints(_dearmor(data.decode("ascii", "replace")))
+        return _fingerprints(data)
+    if encoding != "text":
+        raise AnsibleFilterError(f"encoding must be 'text' or 'base64', not {encoding!r}")
+    if not isinstance(key, str):
+        raise AnsibleFilterError(f"expected the key's text, got {type(key).__name__}")
+    return _fingerprints(_dearmor(key))
+
+
+def openpgp_key_suffix(slurped: Any) -> str:
+    """".asc" for an armored key file, ".gpg" for a binary keyring: apt reads a Signed-By file by
+    its suffix (sources.list(5)), and a binary keyring named .asc is an unusable key to it."""
+    return ".asc" if _is_armored(_slurped(slurped)) else ".gpg"
 
 
 def normalize_fingerprint(value: Any) -> str:
@@ -104,4 +143,5 @@ class FilterModule:
         return {
             "openpgp_fingerprints": openpgp_fingerprints,
             "normalize_fingerprint": normalize_fingerprint,
+            "openpgp_key_suffix": openpgp_key_suffix,
         }
