@@ -18,6 +18,8 @@ the smallest effect worth calling; an arm with failed requests beyond 1% voids t
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -41,6 +43,21 @@ PRIMARY_METRIC = "total_token_throughput_tok_s"
 # Smallest change called helps/hurts: run-to-run noise between identical servers on a shared
 # host (A/A runs) reaches ~2%, and a bootstrap over a handful of batches cannot see all of it.
 MIN_EFFECT_PCT = 2.0
+# A tail percentile is judged only when every paired trial of both arms has at least this many
+# requests beyond it on average: with fewer, a trial's p99 is its maximum or close to it, one
+# stalled request moves it by tens of percent, and an A/A run reads "hurts" (seen: +15%
+# [4..28%] on one server against itself, 16 measured requests per trial).
+MIN_TAIL_REQUESTS = 5
+_PERCENTILE_METRIC = re.compile(r"^p(\d+)_")
+
+
+def min_requests_for(metric: str) -> int:
+    """Requests a trial needs before its ``metric`` can carry a verdict (0: no such need)."""
+    m = _PERCENTILE_METRIC.match(metric)
+    if not m:
+        return 0
+    beyond = 1.0 - int(m.group(1)) / 100.0
+    return math.ceil(MIN_TAIL_REQUESTS / beyond - 1e-9)
 
 
 def output_len(rec: RequestRecord) -> int:
@@ -263,13 +280,15 @@ def compare_arms(
     95% interval from the paired trials (trial t of one arm against trial t of the other, the
     ABBA pairs), and a verdict. Arms are (name, {trial: measured records}, pooled metrics).
 
-    Fewer than 2 paired trials give "not enough trials"; an arm with more than 1% failed
-    requests gives "invalid: N errors" on every metric."""
+    Fewer than 2 paired trials give "not enough trials"; a tail percentile from trials too small
+    to estimate it gives "too few requests ..." (`min_requests_for`); an arm with more than 1%
+    failed requests gives "invalid: N errors" on every metric."""
     out: list[Comparison] = []
     (b_name, b_trials, b_m), (c_name, c_trials, c_m) = baseline, candidate
     b_per, c_per = _per_trial(b_trials), _per_trial(c_trials)
     paired = sorted(set(b_per) & set(c_per))
     broken = [e for m in (b_m, c_m) if (e := broken_arm_errors(m.errors, m.completed)) is not None]
+    smallest_trial = min((per[t].completed for per in (b_per, c_per) for t in paired), default=0)
     for metric, higher in COMPARED_METRICS.items():
         b, c = b_m.value(metric), c_m.value(metric)
         delta = (c - b) / b * 100.0 if b and c is not None else None
@@ -287,6 +306,8 @@ def compare_arms(
             verdict = f"invalid: {sum(broken)} errors"
         elif delta is not None and len(pairs) < 2:
             verdict = NOT_ENOUGH_TRIALS
+        elif smallest_trial < (needed := min_requests_for(metric)):
+            verdict = f"too few requests ({smallest_trial} per trial; {metric} needs {needed})"
         else:
             verdict = verdict_for(low, high, higher, min_effect_pct)
         out.append(

@@ -30,7 +30,8 @@ Schema (versioned; additions only within a version):
                      errors_total, errors_by_reason, warmup_requests, per_iteration, per_batch,
                      [engine_emission_lag_mean_ms (simulated engines only)]}},
       comparisons: [{metric, baseline_arm, candidate_arm, baseline, candidate (values),
-                     delta_pct, ci95_low_pct, ci95_high_pct, verdict, higher_is_better,
+                     delta_pct, ci95_low_pct, ci95_high_pct, verdict (as the scenario's, or
+                     "too few requests (N per trial; <pXX metric> needs M)"), higher_is_better,
                      resample_unit ("paired trials (N)")}]}}
   client: {dispatch_lag_mean_ms, dispatch_lag_p99_ms, dispatch_lag_max_ms, loop_lag_mean_ms,
            loop_lag_p99_ms, max_in_flight, workers, ttft_error_share, bottleneck,

@@ -14,6 +14,7 @@ from kvops.metrics import (
     cached_token_share,
     compare_arms,
     compute_metrics,
+    min_requests_for,
     overall_verdict,
     parse_slo,
     t975,
@@ -134,8 +135,25 @@ def test_clear_gain_is_helps_and_identical_is_no_difference() -> None:
     worse = {c.metric: c for c in _compare(_arm(50.0, 5.0), _arm(100.0, 10.0, seed=1))}
     assert worse["mean_ttft_ms"].verdict == "hurts"
     same = {c.metric: c for c in _compare(_arm(100.0, 10.0, seed=2), _arm(100.0, 10.0, seed=3))}
+    p99 = same.pop("p99_ttft_ms")  # 30 requests per trial: see the test below
+    assert p99.verdict.startswith("too few requests")
     assert {c.verdict for c in same.values()} == {"no significant difference"}
     assert overall_verdict(list(same.values())) == "no significant difference"
+
+
+def test_a_tail_percentile_needs_enough_requests_per_trial() -> None:
+    """One server against itself, one stalled request in each trial of one arm: with 30 requests
+    a trial's p99 is that request, so p99 would read "hurts" on an A/A run. It gets no verdict
+    until every trial has 5 requests beyond the percentile on average; the means still judge."""
+    assert (min_requests_for("p99_ttft_ms"), min_requests_for("p90_itl_ms")) == (500, 50)
+    assert min_requests_for("mean_ttft_ms") == 0
+    base, cand = _arm(100.0, 10.0, seed=2), _arm(100.0, 10.0, seed=3)
+    for recs in cand.values():
+        recs[0].chunk_offsets_ms = [x * 3 for x in recs[0].chunk_offsets_ms]
+    cs = {c.metric: c for c in _compare(base, cand)}
+    assert cs["p99_ttft_ms"].ci95_low_pct is not None and cs["p99_ttft_ms"].ci95_low_pct > 2
+    assert cs["p99_ttft_ms"].verdict == "too few requests (30 per trial; p99_ttft_ms needs 500)"
+    assert cs["median_ttft_ms"].verdict == "no significant difference"
 
 
 def test_one_trial_is_not_enough_for_a_verdict() -> None:
