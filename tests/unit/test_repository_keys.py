@@ -224,38 +224,6 @@ def test_every_cuda_key_default_is_a_full_fingerprint_and_both_are_required() ->
     assert not any("fingerprint" in str(w) for w in rpm_key["when"])  # never skipped
 
 
-@pytest.mark.parametrize(
-    ("os_family", "key_url", "fingerprint"),
-    [
-        # apt: the "NVIDIA DOCA Host" key that signs every DOCA apt repository since January 2026,
-        # served as doca_keyring.gpg in the repository directory (Azure/AgentBaker#9394 checked
-        # the live InRelease signature against this fingerprint).
-        (
-            "Debian",
-            "https://linux.mellanox.com/public/repo/doca/3.1.0/ubuntu24.04/x86_64/doca_keyring.gpg",
-            "70454E6BF5D9C2D3B78709E8DC726C5E41B9CC50",
-        ),
-        # dnf: rpm_key reads armored keys only; GPG-KEY-Mellanox.pub's fingerprint is unpublished.
-        ("RedHat", "https://linux.mellanox.com/public/repo/doca/GPG-KEY-Mellanox.pub", ""),
-    ],
-)
-def test_the_doca_key_defaults_to_the_key_its_repository_is_signed_with(
-    os_family: str, key_url: str, fingerprint: str
-) -> None:
-    """Before, apt hosts fetched GPG-KEY-Mellanox.pub, which does not carry the key the DOCA apt
-    repositories are signed with since January 2026: `apt-get update` failed with NO_PUBKEY."""
-    variables = _role_vars("rdma_client", os_family)
-    variables["ansible_facts"] = {
-        "os_family": os_family,
-        "distribution": "Ubuntu" if os_family == "Debian" else "RedHat",
-        "distribution_version": "24.04" if os_family == "Debian" else "9.4",
-        "distribution_major_version": "24" if os_family == "Debian" else "9",
-        "architecture": "x86_64",
-    }
-    assert _render("{{ rdma_client_doca_repo_key_url | trim }}", variables) == key_url
-    assert _render("{{ rdma_client_doca_repo_key_fingerprint | trim }}", variables) == fingerprint
-
-
 def test_an_unpinned_doca_key_is_allowed_only_with_a_warning() -> None:
     """Empty (dnf's default, or an operator's choice) is allowed but said at every run, --check
     included; a 16-digit key ID is refused (it is no pin)."""

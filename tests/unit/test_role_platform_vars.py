@@ -123,20 +123,31 @@ def test_driver_packages_follow_the_kernel_module_flavour(
         assert list(got) == want
 
 
+# The DOCA repository's signing key per package manager. apt: the "NVIDIA DOCA Host" key that
+# signs every DOCA apt repository since January 2026, served as the binary doca_keyring.gpg in the
+# repository directory (Azure/AgentBaker#9394 checked the live InRelease signature against this
+# fingerprint); before, apt hosts fetched GPG-KEY-Mellanox.pub, which lacks it (NO_PUBKEY). dnf:
+# rpm_key reads armored keys only, and GPG-KEY-Mellanox.pub's fingerprint is unpublished.
+DOCA_APT_KEY = ("doca_keyring.gpg", "70454E6BF5D9C2D3B78709E8DC726C5E41B9CC50")
+DOCA_DNF_KEY = ("https://linux.mellanox.com/public/repo/doca/GPG-KEY-Mellanox.pub", "")
+
+
 @pytest.mark.parametrize(
-    ("platform", "doca_path", "rdma_core", "doca", "initramfs"),
+    ("platform", "doca_path", "doca_key", "rdma_core", "doca", "initramfs"),
     [
         (
             "ubuntu-22.04-x86_64",
             "ubuntu22.04/x86_64/",
+            DOCA_APT_KEY,
             ["rdma-core", "ibverbs-utils"],
             ["doca-ofed", "mlnx-nfsrdma-dkms"],
             ["update-initramfs", "-u", "-k", "all"],
         ),
-        ("ubuntu-24.04-aarch64", "ubuntu24.04/arm64-sbsa/", None, None, None),
+        ("ubuntu-24.04-aarch64", "ubuntu24.04/arm64-sbsa/", DOCA_APT_KEY, None, None, None),
         (
             "rhel-9.4-x86_64",
             "rhel9.4/x86_64/",
+            DOCA_DNF_KEY,
             ["rdma-core", "libibverbs-utils"],
             ["doca-ofed", "kmod-mlnx-nfsrdma"],
             ["dracut", "--force"],
@@ -146,6 +157,7 @@ def test_driver_packages_follow_the_kernel_module_flavour(
 def test_rdma_stack_repository_packages_and_initramfs_per_platform(
     platform: str,
     doca_path: str,
+    doca_key: tuple[str, str],
     rdma_core: list[str] | None,
     doca: list[str] | None,
     initramfs: list[str] | None,
@@ -154,6 +166,12 @@ def test_rdma_stack_repository_packages_and_initramfs_per_platform(
         "rdma_client", platform, "_rdma_client_doca_repo_url", rdma_client_doca_version="3.1.0"
     )
     assert url.strip() == f"https://linux.mellanox.com/public/repo/doca/3.1.0/{doca_path}"
+    key_url, pin = (
+        str(_render("rdma_client", platform, f"{var} | trim", rdma_client_doca_version="3.1.0"))
+        for var in ("rdma_client_doca_repo_key_url", "rdma_client_doca_repo_key_fingerprint")
+    )
+    # The apt key sits in the repository directory: doca_key names the file there.
+    assert (key_url.removeprefix(url.strip()), pin) == doca_key
     if rdma_core is not None:
         got = _render(
             "rdma_client", platform, "_rdma_client_packages", rdma_client_stack="rdma-core"
