@@ -1,7 +1,7 @@
 """Ship the probe to many hosts over SSH in parallel and bring back one evidence document each.
 
 Why it looks like this:
-- One SSH session per host (`kvops.ssh`: host keys verified, jumps, sudo): the probe program
+- One SSH session per host (`kvops.remote.ssh`: host keys verified, jumps, sudo): the probe program
   goes in on stdin, one JSON document comes out.
 - Every failure mode (refused, timed out, auth failed, bad key, probe crashed) becomes a
   HostResult whose evidence carries a top-level `error`, so a fleet run always completes.
@@ -29,9 +29,16 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from kvops import __version__
 from kvops.evidence import SCHEMA_VERSION, Evidence
-from kvops.inventory import InventoryHost
 from kvops.probe.bundle import INTERPRETER_ARGS, build_program
-from kvops.ssh import HostKeyRefused, ProbeRun, SshOptions, fingerprint, known_hosts_for, run_ssh
+from kvops.remote.inventory import InventoryHost
+from kvops.remote.ssh import (
+    HostKeyRefused,
+    ProbeRun,
+    SshOptions,
+    fingerprint,
+    known_hosts_for,
+    run_ssh,
+)
 
 
 class HostStatus(StrEnum):

@@ -3,7 +3,7 @@ and its chunk files read over SSH, so smoke works where the operator's machine d
 the export.
 
 The reading is `kvops.chunk_files` shipped as source to the host's Python over the validate
-transport (`kvops.ssh`: verified host keys, jump hosts, become), one round trip per look.
+transport (`kvops.remote.ssh`: verified host keys, jump hosts, become), one round trip per look.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 import paramiko
 
 from kvops import chunk_files
-from kvops.inventory import InventoryError, InventoryHost, load_inventory
+from kvops.remote.inventory import InventoryError, InventoryHost, load_inventory
+from kvops.remote.ssh import SshOptions, known_hosts_for, run_ssh
 from kvops.smoke import ChunkFile
 from kvops.smoke_run import SmokeError
-from kvops.ssh import SshOptions, known_hosts_for, run_ssh
 
 _SOURCE = Path(chunk_files.__file__).read_text()
 DEFAULT_PORT = 8000

@@ -2,9 +2,9 @@
 
 Why a request object and one call (as `ab-test` does with `AbTestRequest` → `run_ab_test`): the
 CLI only turns options into a `ValidateRequest` and renders the `ValidateOutcome`, so scripts and
-tests drive the same path without click. Here: the inventory (`kvops.inventory`), the probe over
-SSH in parallel (`kvops.hosts`), the ONTAP clusters over REST (`kvops.ontap`, with `--ontap`) or
-a saved bundle, then the pure judges (`kvops.validate`).
+tests drive the same path without click. Here: the inventory (`kvops.remote.inventory`), the
+probe over SSH in parallel (`kvops.hosts`), the ONTAP clusters over REST (`kvops.ontap`, with
+`--ontap`) or a saved bundle, then the pure judges (`kvops.validate`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from kvops.checks import Thresholds
 from kvops.checks.ontap import OntapThresholds
 from kvops.errors import RC, KvopsError
 from kvops.hosts import HostResult, probe_config, probe_fleet
-from kvops.inventory import InventoryHost, load_inventory, probe_options, probe_settings
 from kvops.ontap import fleet as ontap_fleet
 from kvops.ontap.target import is_ontap_host
-from kvops.ssh import SshOptions
+from kvops.remote.inventory import InventoryHost, load_inventory, probe_options, probe_settings
+from kvops.remote.ssh import SshOptions
 from kvops.validate import FleetResult, judge_fleet, load_evidence, save_evidence
 
 Progress = Callable[[str], None]  # one line of rich markup for the operator (stderr)

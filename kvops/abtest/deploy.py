@@ -167,7 +167,7 @@ class ArmDeployer:
 def deploy_arms(settings: DeploySettings, names: list[str], model: str | None) -> list[Arm]:
     """Arms named after variants, all served by the one inventory host ``settings.limit`` at
     its role's port (``vllm_lmcache_port``, default 8000)."""
-    from kvops.inventory import InventoryError, load_inventory
+    from kvops.remote.inventory import InventoryError, load_inventory
 
     for name in names:
         variant_of(name)

@@ -189,8 +189,8 @@ def _options(
     if not host_name:
         assert url is not None
         return SmokeOptions(url=url, gds_dir=gds_dir, timeout_s=timeout_s)
+    from kvops.remote.ssh import SshOptions
     from kvops.smoke_remote import RemoteChunks, host_target
-    from kvops.ssh import SshOptions
 
     target = host_target(inventories, host_name, url, str(gds_dir) if gds_dir else None)
     ssh = SshOptions(known_hosts=known_hosts.expanduser() if known_hosts else None)

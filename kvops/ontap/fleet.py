@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from kvops.checks.ontap import OntapThresholds, judge_ontap
-from kvops.inventory import InventoryHost
 from kvops.ontap.collect import collect
 from kvops.ontap.target import target_of
+from kvops.remote.inventory import InventoryHost
 from kvops.validate import FleetResult
 
 STORAGE_ADDRESS_VAR = "kvops_storage_address"

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvops.inventory import InventoryHost
 from kvops.ontap.client import Credentials, OntapError
+from kvops.remote.inventory import InventoryHost
 
 ONTAP_GROUP = "ontap"
 USER_ENV, PASSWORD_ENV = "KVOPS_ONTAP_USERNAME", "KVOPS_ONTAP_PASSWORD"

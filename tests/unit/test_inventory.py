@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvops.inventory import (
+from kvops.remote.inventory import (
     InventoryError,
     InventoryHost,
     Jump,

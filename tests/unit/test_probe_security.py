@@ -299,7 +299,7 @@ class _AuthHandler(http.server.BaseHTTPRequestHandler):
 
 
 def test_vllm_behind_api_key_gets_the_token_which_is_never_recorded() -> None:
-    from kvops.inventory import InventoryHost, probe_options, probe_settings
+    from kvops.remote.inventory import InventoryHost, probe_options, probe_settings
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AuthHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

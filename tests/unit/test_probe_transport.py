@@ -19,8 +19,8 @@ from recorded_host_double import HANGING_PYTHON_DOUBLE, TOOLS_DOUBLE_DIR, build_
 
 from kvops import evidence as ev
 from kvops.hosts import HostStatus, probe_config, probe_fleet
-from kvops.inventory import InventoryHost, probe_options, probe_settings
-from kvops.ssh import SshOptions, _become_handshake, remote_command
+from kvops.remote.inventory import InventoryHost, probe_options, probe_settings
+from kvops.remote.ssh import SshOptions, _become_handshake, remote_command
 
 
 def local_host(name: str, tmp_path: Path, **extra: Any) -> InventoryHost:

@@ -14,9 +14,9 @@ import pytest
 from test_smoke_run import _lmcache_file
 
 from kvops import smoke_remote
-from kvops.inventory import InventoryHost
+from kvops.remote.inventory import InventoryHost
+from kvops.remote.ssh import ProbeRun, SshOptions
 from kvops.smoke_run import LocalChunks, SmokeError
-from kvops.ssh import ProbeRun, SshOptions
 
 
 def _ssh_double(host: InventoryHost, program: str, opts: SshOptions, deadline: float) -> ProbeRun:

@@ -1,5 +1,5 @@
-"""Host certificates judged as ssh(1) judges them (kvops/ssh_cert.py), with certificates made
-here: by cryptography's SSHCertificateBuilder, and by the real `ssh-keygen -s` for what only it
+"""Host certificates judged as ssh(1) judges them (kvops/remote/ssh_cert.py), with certificates
+made here: by cryptography's SSHCertificateBuilder, and by the real `ssh-keygen -s` for what only it
 produces (an SHA-1 `ssh-rsa` CA signature)."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives.serialization import (
     SSHCertificateType,
 )
 
-from kvops import ssh, ssh_cert
-from kvops.ssh_cert import Authority, CertificateRefused, verify_host_certificate
+from kvops.remote import ssh, ssh_cert
+from kvops.remote.ssh_cert import Authority, CertificateRefused, verify_host_certificate
 
 NOW_S = 1_800_000_000
 CERT_TYPE = "ssh-ed25519-cert-v01@openssh.com"

@@ -12,7 +12,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from kvops import ssh
+from kvops.remote import ssh
 
 needs_keygen = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
 
@@ -180,7 +180,7 @@ def test_marker_lines_do_not_break_known_hosts_and_revoked_keys_are_refused(
 def test_jump_hosts_use_their_own_credentials_never_the_targets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kvops.inventory import InventoryHost
+    from kvops.remote.inventory import InventoryHost
 
     bastion = InventoryHost(
         "bastion",

@@ -7,7 +7,7 @@ Why it looks like this:
   whatever the policy, and the message names both fingerprints.
 - Host certificates: a host with no plain key listed but covered by a `@cert-authority` line
   is asked for its `*-cert-v01@openssh.com` key first, and the certificate paramiko hands over
-  (the key's public_blob) is judged by kvops.ssh_cert as ssh(1) judges it.
+  (the key's public_blob) is judged by kvops.remote.ssh_cert as ssh(1) judges it.
 - Jump hosts (`-J`/`ProxyJump`) are SSH clients in their own right, verified the same way, and
   each hop is a direct-tcpip channel of the previous one; `ProxyCommand` is paramiko's.
 - The program goes in on stdin (`python3 -S -`), under the remote `timeout` command, so nothing
@@ -43,9 +43,9 @@ from typing import Any, Generic, TypeVar
 import paramiko
 from paramiko.hostkeys import InvalidHostKey
 
-from kvops import ssh_cert
-from kvops.inventory import InventoryHost, Jump
 from kvops.probe.bundle import INTERPRETER_ARGS
+from kvops.remote import ssh_cert
+from kvops.remote.inventory import InventoryHost, Jump
 
 logging.getLogger("paramiko").addHandler(logging.NullHandler())  # no auth chatter on stderr
 
@@ -127,7 +127,7 @@ def clear_caches() -> None:
 class KnownHosts:
     """A known_hosts file as OpenSSH reads it (sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT"): plain
     entries, `@revoked` keys (refused even when listed or accepted as new) and
-    `@cert-authority` lines (host certificates, judged by kvops.ssh_cert). paramiko's own
+    `@cert-authority` lines (host certificates, judged by kvops.remote.ssh_cert). paramiko's own
     loader raises on a marker line, which made every host fail; here markers are read apart
     and a bad line is skipped, as ssh does."""
 
