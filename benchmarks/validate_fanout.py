@@ -34,10 +34,10 @@ sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "tests" / "doubl
 from local_sshd import keygen, sshd_available, start_sshd  # noqa: E402
 from recorded_host_double import TOOLS_DOUBLE_DIR, build_recorded_tree  # noqa: E402
 
-from kvops.hosts import probe_config, probe_fleet  # noqa: E402
 from kvops.remote import ssh  # noqa: E402
 from kvops.remote.inventory import InventoryHost, probe_options, probe_settings  # noqa: E402
 from kvops.remote.ssh import SshOptions  # noqa: E402
+from kvops.validate.collect import probe_config, probe_fleet  # noqa: E402
 
 
 def _cpu_s() -> float:

@@ -27,7 +27,7 @@ from typing import Any
 
 from kvops.checks.model import Finding, Severity, finding
 from kvops.errors import RC
-from kvops.validate import FleetResult, worst
+from kvops.validate.judge import FleetResult, worst
 
 # Counters read at each phase (names without the `_total` suffix; the parser tries both).
 LMCACHE_STORED = "lmcache:num_stored_tokens"

@@ -465,7 +465,7 @@ BUNDLE: dict[str, Callable[[], dict[str, Any]]] = {
 def write_bundles(directory: Path = EVIDENCE_DIR) -> None:
     """healthy/ (one good host), broken/ (one host per failure), fleet/ (all + unreachable)."""
     sys.path.insert(0, str(Path(__file__).parent.parent))
-    from kvops.validate import save_evidence
+    from kvops.validate.judge import save_evidence
 
     for old in directory.glob("*/*.json"):
         old.unlink()
@@ -482,7 +482,7 @@ if __name__ == "__main__":
 
 def findings_for(doc: dict[str, Any], check_id: str) -> list[tuple[str, str]]:
     """(severity, message) of one check's findings on a document: what tests assert on."""
-    from kvops.validate import judge
+    from kvops.validate.judge import judge
 
     return [(str(f.severity), f.message) for f in judge(doc) if f.check_id == check_id]
 

@@ -81,7 +81,7 @@ def _latency_us(runs: list[GdsioResult], notes: list[str]) -> float | None:
 def _went_through_nvidia_fs(doc: dict[str, Any]) -> bool:
     """False when validate's GDS-051 judge finds the bench bypassed nvidia-fs (compat mode:
     gdsio still prints GPUD, but the bytes took another path)."""
-    from kvops.validate import judge
+    from kvops.validate.judge import judge
 
     return not any(f.check_id == "GDS-051" and str(f.severity) == "FAIL" for f in judge(doc))
 
@@ -134,8 +134,8 @@ def storage_from_documents(documents: Sequence[dict[str, Any]], source: str) -> 
 
 
 def storage_from_evidence(directory: Path) -> MeasuredStorage:
-    """Read a saved bundle (`kvops.validate.load_evidence`) and measure its storage."""
-    from kvops.validate import EvidenceError, load_evidence
+    """Read a saved bundle (`kvops.validate.judge.load_evidence`) and measure its storage."""
+    from kvops.validate.judge import EvidenceError, load_evidence
 
     try:
         documents = load_evidence(directory)

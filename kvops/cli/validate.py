@@ -1,6 +1,6 @@
 """`kvops validate`: probe every GPU host once over SSH, judge the evidence locally, report.
 
-Thin by design: options → a `ValidateRequest` → `kvops.validate_run.run_validate` (inventory,
+Thin by design: options → a `ValidateRequest` → `kvops.validate.run.run_validate` (inventory,
 probe over SSH in parallel, ONTAP over REST, pure judges) → table, JSON or JUnit
 (`kvops.report.findings`) → exit code.
 Progress goes to stderr so `--json` on stdout stays machine-readable.
@@ -20,7 +20,7 @@ from kvops.checks import Thresholds
 from kvops.checks.ontap import OntapThresholds
 from kvops.errors import RC
 from kvops.report.findings import render_terminal, write_junit
-from kvops.validate_run import ValidateRequest, run_validate
+from kvops.validate.run import ValidateRequest, run_validate
 
 EXAMPLES = """
 \b

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvops.checks import Finding, Severity
-from kvops.validate import FleetResult, worst
+from kvops.validate.judge import FleetResult, worst
 
 STYLE = {
     Severity.PASS: "green",

@@ -10,7 +10,7 @@ import pytest
 
 from kvops.checks import Severity
 from kvops.checks.catalog import validate_check_ids
-from kvops.validate import judge
+from kvops.validate.judge import judge
 
 
 def problems(doc: dict[str, Any]) -> set[tuple[str, str]]:

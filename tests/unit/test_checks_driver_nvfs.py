@@ -12,7 +12,7 @@ from evidence_builders import (
 )
 
 from kvops.checks.model import Thresholds
-from kvops.validate import judge
+from kvops.validate.judge import judge
 
 NO_SMI = command(["nvidia-smi"], "", exit_code=127)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from evidence_builders import command, data_item, edited, file_item, findings_for, fixture, healthy
 
 from kvops.checks.model import Thresholds
-from kvops.validate import judge
+from kvops.validate.judge import judge
 
 
 def gdscheck(name: str) -> dict[str, object]:

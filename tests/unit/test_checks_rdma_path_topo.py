@@ -19,7 +19,7 @@ from evidence_builders import (
     healthy,
 )
 
-from kvops.validate import judge
+from kvops.validate.judge import judge
 
 IBDEV2NETDEV_DGX = fixture("misc/ibdev2netdev-dgx-a100-nvidia-docs.txt")
 

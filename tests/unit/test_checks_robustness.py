@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvops.validate import judge
+from kvops.validate.judge import judge
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=20),

@@ -27,7 +27,7 @@ from kvops.probe.core import Probe, in_child
 from kvops.probe.main import collect
 from kvops.probe.redact import REDACTED, redact_argv, redact_env, redact_text, redact_value
 from kvops.probe.service import collect_lmcache_version
-from kvops.validate import EvidenceError, load_evidence, save_evidence
+from kvops.validate.judge import EvidenceError, load_evidence, save_evidence
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
 

@@ -18,9 +18,9 @@ from old_pythons import older_than_floor_python
 from recorded_host_double import HANGING_PYTHON_DOUBLE, TOOLS_DOUBLE_DIR, build_recorded_tree
 
 from kvops import evidence as ev
-from kvops.hosts import HostStatus, probe_config, probe_fleet
 from kvops.remote.inventory import InventoryHost, probe_options, probe_settings
 from kvops.remote.ssh import SshOptions, _become_handshake, remote_command
+from kvops.validate.collect import HostStatus, probe_config, probe_fleet
 
 
 def local_host(name: str, tmp_path: Path, **extra: Any) -> InventoryHost:

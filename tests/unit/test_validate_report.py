@@ -21,7 +21,7 @@ from kvops.checks.catalog import (
     validate_check_ids,
 )
 from kvops.report.findings import render_terminal, to_json, to_junit
-from kvops.validate import (
+from kvops.validate.judge import (
     EvidenceError,
     Finding,
     judge,
@@ -94,7 +94,7 @@ def test_a_crashing_check_becomes_a_finding(monkeypatch: pytest.MonkeyPatch) -> 
         raise KeyError("surprise")
 
     normal = judge(eb.healthy())
-    monkeypatch.setattr("kvops.validate.ALL_CHECKS", [broken, *ALL_CHECKS])
+    monkeypatch.setattr("kvops.validate.judge.ALL_CHECKS", [broken, *ALL_CHECKS])
     findings = judge(eb.healthy(), Thresholds())
     crashed = [f for f in findings if f.title == "Check crashed"]
     assert len(crashed) == 1 and "broken" in crashed[0].message

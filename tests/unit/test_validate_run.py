@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from kvops.cli import main
 from kvops.errors import RC, KvopsError
-from kvops.validate import EvidenceError
-from kvops.validate_run import ValidateRequest, run_validate
+from kvops.validate.judge import EvidenceError
+from kvops.validate.run import ValidateRequest, run_validate
 
 
 def test_a_saved_bundle_is_judged_and_saved_again(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import evidence_builders as eb
 from click.testing import CliRunner
 
 from kvops.cli import main
-from kvops.validate import judge_fleet, proves_path, save_evidence
+from kvops.validate.judge import judge_fleet, proves_path, save_evidence
 
 
 def _validate(bundle: Path, *args: str) -> tuple[int, dict[str, object]]:

@@ -13,7 +13,7 @@ from kvops.checks.ontap import OntapThresholds, judge_ontap
 from kvops.ontap.collect import collect
 from kvops.ontap.target import target_of
 from kvops.remote.inventory import InventoryHost
-from kvops.validate import FleetResult
+from kvops.validate.judge import FleetResult
 
 STORAGE_ADDRESS_VAR = "kvops_storage_address"
 

@@ -3,8 +3,9 @@
 Why a request object and one call (as `ab-test` does with `AbTestRequest` → `run_ab_test`): the
 CLI only turns options into a `ValidateRequest` and renders the `ValidateOutcome`, so scripts and
 tests drive the same path without click. Here: the inventory (`kvops.remote.inventory`), the
-probe over SSH in parallel (`kvops.hosts`), the ONTAP clusters over REST (`kvops.ontap`, with
-`--ontap`) or a saved bundle, then the pure judges (`kvops.validate`).
+probe over SSH in parallel (`kvops.validate.collect`), the ONTAP clusters over REST
+(`kvops.validate.ontap`, with `--ontap`) or a saved bundle, then the pure judges
+(`kvops.validate.judge`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from typing import Any
 from kvops.checks import Thresholds
 from kvops.checks.ontap import OntapThresholds
 from kvops.errors import RC, KvopsError
-from kvops.hosts import HostResult, probe_config, probe_fleet
-from kvops.ontap import fleet as ontap_fleet
 from kvops.ontap.target import is_ontap_host
 from kvops.remote.inventory import InventoryHost, load_inventory, probe_options, probe_settings
 from kvops.remote.ssh import SshOptions
-from kvops.validate import FleetResult, judge_fleet, load_evidence, save_evidence
+from kvops.validate import ontap as ontap_fleet
+from kvops.validate.collect import HostResult, probe_config, probe_fleet
+from kvops.validate.judge import FleetResult, judge_fleet, load_evidence, save_evidence
 
 Progress = Callable[[str], None]  # one line of rich markup for the operator (stderr)
 
