@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from kvops.checks.fleet import FleetResult, worst
 from kvops.checks.model import Finding, Severity, finding
 from kvops.errors import RC
-from kvops.validate.judge import FleetResult, worst
 
 # Counters read at each phase (names without the `_total` suffix; the parser tries both).
 LMCACHE_STORED = "lmcache:num_stored_tokens"

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvops.checks import Finding, Severity
-from kvops.validate.judge import FleetResult, worst
+from kvops.checks.fleet import FleetResult, worst
 
 STYLE = {
     Severity.PASS: "green",

@@ -1,6 +1,6 @@
-"""`validate --ontap` glue: collect every `ontap` inventory host's cluster, judge it with
-the GPU hosts' evidence, and file the findings into the same fleet result (table, JSON and
-JUnit then show them like any host's)."""
+"""`validate --ontap`'s collection: every `ontap` inventory host's cluster read over REST into
+one evidence document, and the GPU hosts' storage addresses. The judging is
+`kvops.validate.judge.judge_fleet`'s, in the same pass as the hosts'."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvops.checks.ontap import OntapThresholds, judge_ontap
 from kvops.ontap.collect import collect
 from kvops.ontap.target import target_of
 from kvops.remote.inventory import InventoryHost
-from kvops.validate.judge import FleetResult
 
 STORAGE_ADDRESS_VAR = "kvops_storage_address"
 
@@ -40,15 +38,3 @@ def storage_addresses(hosts: Sequence[InventoryHost]) -> dict[str, str]:
     return {
         h.name: str(h.vars[STORAGE_ADDRESS_VAR]) for h in hosts if h.vars.get(STORAGE_ADDRESS_VAR)
     }
-
-
-def add_ontap_findings(
-    fleet: FleetResult,
-    clusters: Sequence[Mapping[str, Any]],
-    host_documents: Sequence[Mapping[str, Any]],
-    addresses: Mapping[str, str],
-    limits: OntapThresholds,
-) -> None:
-    for cluster in clusters:
-        for host, findings in judge_ontap(cluster, host_documents, addresses, limits).items():
-            fleet.findings.setdefault(host, []).extend(findings)

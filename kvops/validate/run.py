@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvops.checks import Thresholds
+from kvops.checks.fleet import FleetResult
 from kvops.checks.ontap import OntapThresholds
 from kvops.errors import RC, KvopsError
 from kvops.ontap.target import is_ontap_host
@@ -23,7 +24,7 @@ from kvops.remote.inventory import InventoryHost, load_inventory, probe_options,
 from kvops.remote.ssh import SshOptions
 from kvops.validate import ontap as ontap_fleet
 from kvops.validate.collect import HostResult, probe_config, probe_fleet
-from kvops.validate.judge import FleetResult, judge_fleet, load_evidence, save_evidence
+from kvops.validate.judge import judge_fleet, load_evidence, save_evidence
 
 Progress = Callable[[str], None]  # one line of rich markup for the operator (stderr)
 
@@ -100,8 +101,9 @@ def run_validate(req: ValidateRequest, progress: Progress = _quiet) -> ValidateO
     if req.save_dir is not None:
         paths = save_evidence(req.save_dir, [*documents, *clusters])
         progress(f"saved {len(paths)} evidence documents to {req.save_dir}")
-    fleet = judge_fleet(documents, req.thresholds, strict=req.strict)
-    ontap_fleet.add_ontap_findings(fleet, clusters, documents, addresses, req.ontap_thresholds)
+    fleet = judge_fleet(
+        documents, req.thresholds, req.strict, clusters, addresses, req.ontap_thresholds
+    )
     return ValidateOutcome(fleet, probes)
 
 

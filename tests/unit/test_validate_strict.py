@@ -9,8 +9,9 @@ from pathlib import Path
 import evidence_builders as eb
 from click.testing import CliRunner
 
+from kvops.checks.fleet import proves_path
 from kvops.cli import main
-from kvops.validate.judge import judge_fleet, proves_path, save_evidence
+from kvops.validate.judge import judge_fleet, save_evidence
 
 
 def _validate(bundle: Path, *args: str) -> tuple[int, dict[str, object]]:
