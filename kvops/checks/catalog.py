@@ -272,7 +272,7 @@ _ROWS = [
         "Free space above threshold",
         "Free space on the export (LMCache's GDS backend never evicts) or grow the volume.",
     ),
-    # GDS-2xx: `kvops smoke`, judged on a running engine (kvops/smoke.py), not on a probe.
+    # GDS-2xx: `kvops smoke`, judged on a running engine (kvops/smoke/judge.py), not on a probe.
     (
         "GDS-200",
         "smoke",

@@ -1,7 +1,7 @@
 """`kvops smoke`: prove that a running engine's KV offload really stores and retrieves.
 
-Thin by design: options → `kvops.smoke_run` (I/O) → `kvops.smoke` (judge: findings with catalog
-ids) → validate's renderers (`kvops.report.findings`: table, JSON, JUnit) →
+Thin by design: options → `kvops.smoke.run` (I/O) → `kvops.smoke.judge` (judge: findings with
+catalog ids) → validate's renderers (`kvops.report.findings`: table, JSON, JUnit) →
 exit code (`kvops.errors.RC`: 0 pass, 1 fail, 2 could not run, 130 interrupted).
 """
 
@@ -18,7 +18,7 @@ from rich.text import Text
 
 from kvops.errors import RC
 from kvops.report.findings import STYLE, host_table, write_junit
-from kvops.smoke import (
+from kvops.smoke.judge import (
     DEFAULT_MIN_TTFT_DROP,
     as_fleet,
     exit_code,
@@ -26,7 +26,7 @@ from kvops.smoke import (
     overall,
     report_dict,
 )
-from kvops.smoke_run import SmokeError, SmokeOptions, run_smoke
+from kvops.smoke.run import SmokeError, SmokeOptions, run_smoke
 
 
 @click.command("smoke")
@@ -190,7 +190,7 @@ def _options(
         assert url is not None
         return SmokeOptions(url=url, gds_dir=gds_dir, timeout_s=timeout_s)
     from kvops.remote.ssh import SshOptions
-    from kvops.smoke_remote import RemoteChunks, host_target
+    from kvops.smoke.remote import RemoteChunks, host_target
 
     target = host_target(inventories, host_name, url, str(gds_dir) if gds_dir else None)
     ssh = SshOptions(known_hosts=known_hosts.expanduser() if known_hosts else None)

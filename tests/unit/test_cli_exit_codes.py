@@ -19,8 +19,8 @@ from test_smoke import lmcache_evidence
 from kvops.cli import main
 from kvops.cli.group import KvopsGroup
 from kvops.errors import RC, KvopsError
-from kvops.smoke import SmokeEvidence
-from kvops.smoke_run import SmokeError
+from kvops.smoke.judge import SmokeEvidence
+from kvops.smoke.run import SmokeError
 
 
 def _run(*args: str) -> Result:

@@ -16,7 +16,7 @@ ROOT = Path(kvops.__file__).parent
 
 
 def _part(module: str) -> str:
-    """The unit of layering: `kvops.loadgen.runner` → `kvops.loadgen`; `kvops.smoke` itself."""
+    """The unit of layering: `kvops.loadgen.runner` → `kvops.loadgen`; `kvops.errors` itself."""
     return ".".join(module.split(".")[:2])
 
 

@@ -10,7 +10,7 @@ import pytest
 from kvops.checks import CATALOG, Finding, Severity
 from kvops.checks.model import finding
 from kvops.report.findings import to_junit
-from kvops.smoke import (
+from kvops.smoke.judge import (
     EXTERNAL_HITS,
     EXTERNAL_QUERIES,
     LMCACHE_HIT,

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from test_smoke_run import _lmcache_file
 
-from kvops import smoke_remote
 from kvops.remote.inventory import InventoryHost
 from kvops.remote.ssh import ProbeRun, SshOptions
-from kvops.smoke_run import LocalChunks, SmokeError
+from kvops.smoke import remote as smoke_remote
+from kvops.smoke.run import LocalChunks, SmokeError
 
 
 def _ssh_double(host: InventoryHost, program: str, opts: SshOptions, deadline: float) -> ProbeRun:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from kvops.cli import main
 from kvops.parse.prometheus import parse_prometheus_text
-from kvops.smoke_run import describe_chunk_file, kv_capacity_tokens, list_chunk_files, snapshot
+from kvops.smoke.run import describe_chunk_file, kv_capacity_tokens, list_chunk_files, snapshot
 
 
 def _lmcache_file(path: Path, payload_bytes: int, declared_bytes: int | None = None) -> None:

@@ -1,6 +1,6 @@
 """The offload smoke judge: evidence around one prompt sent twice → PASS/FAIL/SKIP findings.
 
-Why a separate pure module: the runner (`kvops.smoke_run`) does all the I/O — metrics scrapes,
+Why a separate pure module: the runner (`kvops.smoke.run`) does all the I/O — metrics scrapes,
 two streaming requests with an eviction in between, a listing of the chunk directory — and
 records plain numbers. Judging those numbers needs no network, so it is unit-tested exhaustively
 and an evidence document saved as JSON can be judged again offline.

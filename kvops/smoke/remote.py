@@ -2,7 +2,7 @@
 and its chunk files read over SSH, so smoke works where the operator's machine does not mount
 the export.
 
-The reading is `kvops.chunk_files` shipped as source to the host's Python over the validate
+The reading is `kvops.smoke.chunk_files` shipped as source to the host's Python over the validate
 transport (`kvops.remote.ssh`: verified host keys, jump hosts, become), one round trip per look.
 """
 
@@ -16,11 +16,11 @@ from typing import Any
 
 import paramiko
 
-from kvops import chunk_files
 from kvops.remote.inventory import InventoryError, InventoryHost, load_inventory
 from kvops.remote.ssh import SshOptions, known_hosts_for, run_ssh
-from kvops.smoke import ChunkFile
-from kvops.smoke_run import SmokeError
+from kvops.smoke import chunk_files
+from kvops.smoke.judge import ChunkFile
+from kvops.smoke.run import SmokeError
 
 _SOURCE = Path(chunk_files.__file__).read_text()
 DEFAULT_PORT = 8000

@@ -1,7 +1,7 @@
 """Chunk files of a KV offload directory: which exist, and whether LMCache's header is sound.
 
 One implementation for both sides of `kvops smoke`: imported locally when the operator's machine
-mounts the GDS directory, and shipped as source over SSH (`kvops.smoke_remote`) when only the
+mounts the GDS directory, and shipped as source over SSH (`kvops.smoke.remote`) when only the
 GPU host does. Hence stdlib only and Python >= 3.8 syntax, like the probe.
 
 LMCache's GDS backend writes ``*.kvcache.safetensors``: a 4096-byte header (``<Q`` length + JSON)

@@ -3,12 +3,12 @@
 Why this order of steps: offload is proven only if a prompt's KV went to the second tier and
 came back from it. So the runner sends one long prompt (several LMCache chunks) cold, forces it
 out of GPU memory, sends it again, and snapshots the server's counters around each step so the
-judge (`kvops.smoke`) can attribute every rise to the right request. A short warm-up request
+judge (`kvops.smoke.judge`) can attribute every rise to the right request. A short warm-up request
 first keeps first-request costs out of the cold TTFT. The prompt is drawn fresh from a seed
 (reported) so a persistent offload tier cannot already hold it from an earlier run.
 
 Everything here either returns evidence or raises `SmokeError` with a one-line reason ("could
-not run", exit 2); judging is left to `kvops.smoke`.
+not run", exit 2); judging is left to `kvops.smoke.judge`.
 """
 
 from __future__ import annotations
@@ -25,11 +25,18 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from kvops import chunk_files
 from kvops.errors import KvopsError
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session, send_request
 from kvops.parse.prometheus import PrometheusText, parse_prometheus_text
-from kvops.smoke import COUNTERS, ChunkFile, Eviction, MetricsSnapshot, RequestResult, SmokeEvidence
+from kvops.smoke import chunk_files
+from kvops.smoke.judge import (
+    COUNTERS,
+    ChunkFile,
+    Eviction,
+    MetricsSnapshot,
+    RequestResult,
+    SmokeEvidence,
+)
 
 # Token ids used when the server has no /tokenize: low ids exist in every real vocabulary.
 FALLBACK_TOKEN_IDS = range(100, 1000)
@@ -56,7 +63,7 @@ class SmokeOptions:
     timeout_s: float = 120.0
     seed: int | None = None
     evict: str = "auto"  # auto | reset | fillers
-    # Read chunk files through this instead of gds_dir (e.g. over SSH: kvops.smoke_remote).
+    # Read chunk files through this instead of gds_dir (e.g. over SSH: kvops.smoke.remote).
     chunks: ChunkSource | None = None
 
     def chunk_source(self) -> ChunkSource | None:
