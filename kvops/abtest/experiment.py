@@ -33,7 +33,6 @@ from kvops.abtest.rundir import RunDir
 from kvops.errors import KvopsError
 from kvops.loadgen.calibrate import learn_alphabet
 from kvops.loadgen.client import Endpoint, make_session
-from kvops.loadgen.record import JsonlWriter, RequestRecord
 from kvops.loadgen.runner import (
     ClientStats,
     Labels,
@@ -44,6 +43,7 @@ from kvops.loadgen.runner import (
 )
 from kvops.loadgen.workers import WorkerPool
 from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
+from kvops.workload.record import JsonlWriter, RequestRecord
 from kvops.workload.schedule import arrival_offsets_s, batch_groups
 from kvops.workload.spec import WorkloadSpec
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvops.loadgen.record import RequestRecord
+from kvops.workload.record import RequestRecord
 
 # Tokens a request may show cached beyond its shared prefix without meaning anything (a chat
 # template's fixed header is shared by every request); at most half the unique part.

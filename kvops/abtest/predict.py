@@ -28,13 +28,13 @@ from kvops.abtest.arms import Arm
 from kvops.abtest.embedded import SimProfile
 from kvops.abtest.experiment import Options, segment_plan
 from kvops.abtest.rundir import RunDir
-from kvops.loadgen.record import RequestRecord
 from kvops.metrics import compute_metrics
 from kvops.result_types import ArmMetrics, PredictedFigures, Prediction, ScenarioResult
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.model import Engine, EngineSettings, build_engine
 from kvops.sim.records import Request, SimRequestRecord
 from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
+from kvops.workload.record import RequestRecord
 from kvops.workload.schedule import batch_groups
 from kvops.workload.spec import WorkloadSpec
 

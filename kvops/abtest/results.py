@@ -20,7 +20,6 @@ from kvops.abtest.deploy_summary import failed_deploy_detail, summarize_deploys
 from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.predict import fidelity_warnings, predict_run
 from kvops.abtest.rundir import RunDir
-from kvops.loadgen.record import RequestRecord, iter_jsonl, read_records
 from kvops.loadgen.runner import ClientStats, judge_client
 from kvops.metrics import (
     broken_arm_errors,
@@ -39,6 +38,7 @@ from kvops.result_types import (
     RunResults,
     ScenarioResult,
 )
+from kvops.workload.record import RequestRecord, iter_jsonl, read_records
 
 Clusters = list[list[RequestRecord]]
 Status = Literal["complete", "interrupted", "incomplete", "invalid"]

@@ -23,8 +23,8 @@ from typing import Any
 
 from kvops import __version__
 from kvops.errors import KvopsError
-from kvops.loadgen.record import JsonlWriter, iter_jsonl
 from kvops.workload.generate import Alphabet
+from kvops.workload.record import JsonlWriter, iter_jsonl
 from kvops.workload.spec import WorkloadSpec, load_spec_file
 
 

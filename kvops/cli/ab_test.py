@@ -23,10 +23,10 @@ from kvops.abtest.session import AbTestRequest, run_ab_test
 from kvops.cli.spec_help import workload_reference
 from kvops.errors import RC
 from kvops.lab.config import find_project_root
-from kvops.loadgen.record import RequestRecord
 from kvops.metrics import parse_slo
 from kvops.report.abtest_table import render_table
 from kvops.sim.lmcache_config import DEFAULT_GDS_BUFFER_MIB
+from kvops.workload.record import RequestRecord
 from kvops.workload.spec import (
     PRESET_NAMES,
     REQUEST_ORDERS,

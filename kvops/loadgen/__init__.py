@@ -22,8 +22,8 @@ arrivals, concurrency caps, dispatch-lag and in-flight measurement, worker proce
 """
 
 from kvops.loadgen.client import CompletionRequest, Endpoint, make_session, send_request
-from kvops.loadgen.record import JsonlWriter, RequestRecord, iter_jsonl, read_records
 from kvops.loadgen.sse import MalformedStreamError, SseParser
+from kvops.workload.record import JsonlWriter, RequestRecord, iter_jsonl, read_records
 
 __all__ = [
     "CompletionRequest",

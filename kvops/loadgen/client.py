@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from kvops.loadgen.record import RequestRecord
 from kvops.loadgen.sse import MalformedStreamError, SseParser
+from kvops.workload.record import RequestRecord
 
 
 @dataclass(frozen=True)

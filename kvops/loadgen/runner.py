@@ -18,8 +18,8 @@ import aiohttp
 import numpy as np
 
 from kvops.loadgen.client import CompletionRequest, Endpoint, send_request
-from kvops.loadgen.record import RequestRecord
 from kvops.workload.generate import PlannedRequest
+from kvops.workload.record import RequestRecord
 
 LOOP_TICK_S = 0.005
 # Thresholds past which client timing error could exceed ~1 ms (documented in the report).

@@ -20,8 +20,8 @@ from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
 
 from kvops.loadgen.client import Endpoint, make_session
-from kvops.loadgen.record import RequestRecord
 from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner, WireRequest
+from kvops.workload.record import RequestRecord
 
 RELEASE_LEAD_S = 0.05  # time for every worker to receive its share before the release
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from kvops.loadgen.record import RequestRecord
 from kvops.result_types import RunResults
+from kvops.workload.record import RequestRecord
 
 
 def write_plots(

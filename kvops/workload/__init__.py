@@ -1,4 +1,6 @@
-"""Workloads: strict specs, the three presets, exact-length request generation, schedules."""
+"""Workloads: strict specs, the three presets, exact-length request generation, schedules, and
+the record of one request as measured (`record`: the load generator writes it, the metrics read
+it, neither through the other)."""
 
 from kvops.workload.generate import (
     Alphabet,

@@ -14,11 +14,11 @@ from kvops.abtest.arms import Arm, ArmInfo, arm_differences, parse_arm
 from kvops.abtest.experiment import Options, segment_plan, trial_warnings
 from kvops.abtest.results import build_results
 from kvops.abtest.rundir import RunDir, RunDirError
-from kvops.loadgen.record import JsonlWriter, RequestRecord, read_records
 from kvops.report.abtest_files import write_reports
 from kvops.report.abtest_table import render_table
 from kvops.result_types import RunResults
 from kvops.workload import spec_from_dict
+from kvops.workload.record import JsonlWriter, RequestRecord, read_records
 
 
 def test_abba_order() -> None:

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from kvops.advise.trace import ReadOptions, TraceError, load_workload, read_lines, word_tokenizer
 from kvops.advise.workload import PromptBuilder, TraceRequest, Workload, measure_reuse
 from kvops.cli import main
-from kvops.loadgen.record import RequestRecord
 from kvops.sim.hashing import prefix_hashes
+from kvops.workload.record import RequestRecord
 
 VOCAB = 128_256
 TOKENIZE = word_tokenizer(VOCAB)

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvops.loadgen.record import RequestRecord
 from kvops.metrics import (
     cached_token_share,
     compare_arms,
@@ -21,6 +20,7 @@ from kvops.metrics import (
     tpot_ms,
     verdict_for,
 )
+from kvops.workload.record import RequestRecord
 
 
 def rec(

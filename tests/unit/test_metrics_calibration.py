@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvops.loadgen.record import RequestRecord, read_records
 from kvops.metrics import (
     HELPS,
     HURTS,
@@ -27,6 +26,7 @@ from kvops.metrics import (
     judge,
     paired_log_ci,
 )
+from kvops.workload.record import RequestRecord, read_records
 
 pytestmark = pytest.mark.unit
 FIXTURE = (
