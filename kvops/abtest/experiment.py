@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 
@@ -29,6 +30,7 @@ from kvops.abtest.arms import (
     reset_prefix_cache,
 )
 from kvops.abtest.leakage import warm_tier_warnings
+from kvops.abtest.result_types import RunResults
 from kvops.abtest.rundir import RunDir
 from kvops.errors import KvopsError
 from kvops.loadgen.calibrate import learn_alphabet
@@ -46,6 +48,9 @@ from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
 from kvops.workload.record import JsonlWriter, RequestRecord
 from kvops.workload.schedule import arrival_offsets_s, batch_groups
 from kvops.workload.spec import WorkloadSpec
+
+# Measured records by scenario, then by arm (`kvops.abtest.results.Results.measured`).
+MeasuredRecords = dict[str, dict[str, list[RequestRecord]]]
 
 
 class ExperimentError(KvopsError, RuntimeError):
@@ -110,6 +115,13 @@ class Hooks:
     # the first measured, when its info deploy is still untouched: Experiment._arm_infos)
     # (`--deploy`: kvops.abtest.deploy.ArmDeployer); None when the arms are already running.
     prepare_arm: Callable[[Arm], Awaitable[None]] | None = None
+    # Writes the run's human reports (report.md, report.html, plots) from the results
+    # document once the run ends, interrupted or failed included: the CLI passes
+    # `kvops.report.abtest_files.write_reports`. The experiment renders nothing itself, so
+    # the renderers may read its document without a circle between the two packages.
+    write_reports: Callable[[Path, RunResults, MeasuredRecords], object] = (
+        lambda run_dir, doc, measured: None
+    )
 
 
 @dataclass

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from kvops.abtest.arms import Arm
 from kvops.abtest.embedded import SimProfile
 from kvops.abtest.experiment import Options, segment_plan
+from kvops.abtest.metrics import compute_metrics
+from kvops.abtest.result_types import ArmMetrics, PredictedFigures, Prediction, ScenarioResult
 from kvops.abtest.rundir import RunDir
-from kvops.metrics import compute_metrics
-from kvops.result_types import ArmMetrics, PredictedFigures, Prediction, ScenarioResult
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.model import Engine, EngineSettings, build_engine
 from kvops.sim.records import Request, SimRequestRecord

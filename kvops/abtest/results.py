@@ -2,7 +2,7 @@
 
 Why from files: the same function serves a finished run, a run stopped with Ctrl-C and a resumed
 one, so what the report says is always what the records say. This is the one place the
-document's types (kvops.result_types, which also holds the schema and its JSON form) are
+document's types (kvops.abtest.result_types, which also holds the schema and its JSON form) are
 built from measurements.
 """
 
@@ -18,16 +18,14 @@ import numpy as np
 from kvops import __version__
 from kvops.abtest.deploy_summary import failed_deploy_detail, summarize_deploys
 from kvops.abtest.leakage import warm_tier_warnings
-from kvops.abtest.predict import fidelity_warnings, predict_run
-from kvops.abtest.rundir import RunDir
-from kvops.loadgen.runner import ClientStats, judge_client
-from kvops.metrics import (
+from kvops.abtest.metrics import (
     broken_arm_errors,
     compare_arms,
     compute_metrics,
     overall_verdict,
 )
-from kvops.result_types import (
+from kvops.abtest.predict import fidelity_warnings, predict_run
+from kvops.abtest.result_types import (
     ArmDescription,
     BatchFigures,
     ClientHealth,
@@ -38,6 +36,8 @@ from kvops.result_types import (
     RunResults,
     ScenarioResult,
 )
+from kvops.abtest.rundir import RunDir
+from kvops.loadgen.runner import ClientStats, judge_client
 from kvops.workload.record import RequestRecord, iter_jsonl, read_records
 
 Clusters = list[list[RequestRecord]]

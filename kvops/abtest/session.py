@@ -24,7 +24,6 @@ from kvops.abtest.embedded import EmbeddedEngines, SimProfile
 from kvops.abtest.experiment import Experiment, Hooks, Options
 from kvops.abtest.results import ResultSet, build_results
 from kvops.abtest.rundir import RunDir
-from kvops.report.abtest_files import write_reports
 from kvops.workload.spec import WorkloadSpec
 
 
@@ -127,7 +126,7 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
     results = build_results(
         run_dir, slo=req.slo, status="interrupted" if interrupted else "complete", warnings=warnings
     )
-    write_reports(run_dir.path, results.doc, results.measured)
+    hooks.write_reports(run_dir.path, results.doc, results.measured)
     if deploy_failure is not None:
         raise deploy_failure
     return Outcome(results, interrupted, warnings)

@@ -19,11 +19,12 @@ from kvops.abtest.arms import Arm, parse_arm
 from kvops.abtest.deploy import DeploySettings, deploy_arms
 from kvops.abtest.embedded import SimProfile
 from kvops.abtest.experiment import Hooks, Options
+from kvops.abtest.metrics import parse_slo
 from kvops.abtest.session import AbTestRequest, run_ab_test
 from kvops.cli.spec_help import workload_reference
 from kvops.errors import RC
 from kvops.lab.config import find_project_root
-from kvops.metrics import parse_slo
+from kvops.report.abtest_files import write_reports
 from kvops.report.abtest_table import render_table
 from kvops.sim.lmcache_config import DEFAULT_GDS_BUFFER_MIB
 from kvops.workload.record import RequestRecord
@@ -276,6 +277,7 @@ def ab_test(**kw: Any) -> RC:
         on_record=on_record,
         on_segment=lambda text: progress.update(task, description=text),
         warn=lambda text: progress.console.print(f"[bold yellow]warning:[/] {text}"),
+        write_reports=write_reports,
     )
     with progress:
         outcome = run_ab_test(req, hooks)

@@ -12,10 +12,10 @@ import html
 from collections.abc import Mapping
 from pathlib import Path
 
+from kvops.abtest.result_types import RunResults
 from kvops.report.abtest_deploy import deploy_html, deploy_markdown
 from kvops.report.abtest_plots import write_plots
 from kvops.report.abtest_table import fmt_num, fmt_pct, protocol_line
-from kvops.result_types import RunResults
 from kvops.workload.record import RequestRecord
 
 

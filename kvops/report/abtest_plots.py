@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from kvops.result_types import RunResults
+from kvops.abtest.result_types import RunResults
 from kvops.workload.record import RequestRecord
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvops.result_types import Prediction, RunResults, ScenarioResult
+from kvops.abtest.result_types import Prediction, RunResults, ScenarioResult
 
 TABLE_METRICS = (
     ("total_token_throughput_tok_s", "total tok/s"),
@@ -93,7 +93,7 @@ def render_table(doc: RunResults, console: Console) -> None:
         console.print(f"[bold red]{doc.status_detail}: its verdicts are void[/]")
 
 
-# The model predicts only these figures (kvops.result_types.PredictedFigures).
+# The model predicts only these figures (kvops.abtest.result_types.PredictedFigures).
 _PREDICTED = ("total_token_throughput_tok_s", "mean_ttft_ms", "mean_itl_ms")
 
 

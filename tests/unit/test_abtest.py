@@ -12,11 +12,11 @@ from rich.console import Console
 
 from kvops.abtest.arms import Arm, ArmInfo, arm_differences, parse_arm
 from kvops.abtest.experiment import Options, segment_plan, trial_warnings
+from kvops.abtest.result_types import RunResults
 from kvops.abtest.results import build_results
 from kvops.abtest.rundir import RunDir, RunDirError
 from kvops.report.abtest_files import write_reports
 from kvops.report.abtest_table import render_table
-from kvops.result_types import RunResults
 from kvops.workload import spec_from_dict
 from kvops.workload.record import JsonlWriter, RequestRecord, read_records
 

@@ -8,10 +8,10 @@ import yaml
 
 from kvops.abtest.embedded import EmbeddedEngines, SimProfile
 from kvops.abtest.experiment import Options
+from kvops.abtest.metrics import compute_metrics
 from kvops.abtest.predict import FIDELITY_TOLERANCE, embedded_arms, fidelity_warnings, predict
-from kvops.metrics import compute_metrics
+from kvops.abtest.result_types import MeasuredArm, PredictedFigures, ScenarioResult
 from kvops.report.abtest_files import kv_memory_note
-from kvops.result_types import MeasuredArm, PredictedFigures, ScenarioResult
 from kvops.workload.generate import Alphabet
 from kvops.workload.spec import load_preset, spec_from_dict
 

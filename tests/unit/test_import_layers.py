@@ -89,3 +89,33 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_workload_knows_no_http() -> None:
     """vLLM's split: datasets produce plain sample requests; the client builds the wire request."""
     assert "kvops.loadgen" not in import_graph().get("kvops.workload", set())
+
+
+def test_the_top_level_is_packages_per_path_and_the_ground_floor() -> None:
+    """`ls kvops/` reads as the design's picture: a package per path; loose modules only for
+    what everything stands on (errors, the spec loader, the evidence document)."""
+    loose = sorted(p.name for p in ROOT.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "errors.py", "evidence.py", "schema.py"]
+    packages = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert {"remote", "validate", "smoke", "abtest", "workload", "loadgen"} <= packages
+
+
+def _module_imports(module: str) -> set[str]:
+    path = ROOT.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    return set(_imports(path))
+
+
+def test_the_metrics_read_the_request_record_without_the_client() -> None:
+    """The record sits below both sides: the load generator writes it, the metrics read it."""
+    assert "kvops.workload.record" in _module_imports("kvops.abtest.metrics")
+    assert not any(m.startswith("kvops.loadgen") for m in _module_imports("kvops.abtest.metrics"))
+    assert "kvops.workload.record" in _module_imports("kvops.loadgen.client")
+
+
+def test_renderers_and_smoke_do_not_reach_into_validate() -> None:
+    """A fleet's findings live beside the findings (`kvops.checks.fleet`): rendering them or
+    filling them from smoke needs no judge."""
+    graph = import_graph()
+    assert "kvops.validate" not in graph.get("kvops.report", set())
+    assert "kvops.validate" not in graph.get("kvops.smoke", set())
+    assert "kvops.report" not in graph.get("kvops.abtest", set())

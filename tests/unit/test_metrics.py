@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvops.metrics import (
+from kvops.abtest.metrics import (
     cached_token_share,
     compare_arms,
     compute_metrics,

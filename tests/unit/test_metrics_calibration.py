@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvops.metrics import (
+from kvops.abtest.metrics import (
     HELPS,
     HURTS,
     MIN_EFFECT_PCT,

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from kvops.abtest.result_types import ResultsFormatError, RunResults
 from kvops.report.abtest_files import markdown, to_html
 from kvops.report.abtest_table import render_table
-from kvops.result_types import ResultsFormatError, RunResults
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "abtest"
 NAME = "results-v1-multi-shared-prefix"

@@ -1,13 +1,14 @@
 """The ab-test results document (results.json, schema version 1) as types, and its one JSON
 reader and writer.
 
-Why types: the figures travel from `kvops.metrics` through `kvops.abtest` into `kvops.report`;
-as nested dicts read by string keys a misspelt key reads as a missing figure and shows as "—".
-As dataclasses (the shape of vLLM's `BenchmarkMetrics` in vllm/benchmarks/serve.py) a wrong
-name fails type checking. `to_json` is the only place that decides the document's keys and
-their order, `from_json` the only place that reads them back; `to_text` is the file's (and
-`--json`'s) exact bytes. The document stays byte-compatible with what kvops wrote before these
-types existed (tests/unit/test_result_types.py round-trips one such file).
+Why types: the figures travel from `kvops.abtest.metrics` through `kvops.abtest` into
+`kvops.report`; as nested dicts read by string keys a misspelt key reads as a missing figure
+and shows as "—". As dataclasses (the shape of vLLM's `BenchmarkMetrics` in
+vllm/benchmarks/serve.py) a wrong name fails type checking. `to_json` is the only place that
+decides the document's keys and their order, `from_json` the only place that reads them back;
+`to_text` is the file's (and `--json`'s) exact bytes. The document stays byte-compatible with
+what kvops wrote before these types existed (tests/unit/test_result_types.py round-trips one
+such file).
 
 Schema (versioned; additions only within a version):
 
@@ -93,7 +94,7 @@ def _names(cls: type, skip: tuple[str, ...] = ()) -> tuple[str, ...]:
 @dataclass
 class ArmMetrics:
     """One arm's serving figures over its measured requests (`vllm bench serve` definitions;
-    see kvops.metrics). None means "no request gave this figure", never zero."""
+    see kvops.abtest.metrics). None means "no request gave this figure", never zero."""
 
     completed: int
     errors: int

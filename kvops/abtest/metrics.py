@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from kvops.result_types import ArmMetrics, Comparison
+from kvops.abtest.result_types import ArmMetrics, Comparison
 from kvops.workload.record import RequestRecord
 
 PERCENTILES = (("median", 50.0), ("p90", 90.0), ("p99", 99.0))
