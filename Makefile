@@ -41,7 +41,7 @@ system-deps:
 	@scripts/system-deps.sh
 
 test: system-deps lint
-	@$(BIN)/pytest -q $(PYTEST_ARGS)
+	@$(BIN)/pytest -q --durations=20 $(PYTEST_ARGS)
 
 lab: $(STAMP)
 	@$(BIN)/kvops lab demo
