@@ -24,6 +24,7 @@ import tempfile
 import time
 import traceback
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -263,7 +264,7 @@ class Probe:
             return self.items[item_id]
         start = time.monotonic()
         item: Dict[str, Any] = {"kind": KIND_HTTP, "source": url, "http_status": None}
-        handlers: List[Any] = [urllib.request.ProxyHandler({})]
+        handlers: List[Any] = [urllib.request.ProxyHandler({}), _SameOriginRedirects()]
         if url.startswith("https:"):
             # verified always; against the inventory's CA bundle when one is given
             context = ssl.create_default_context(cafile=self.http_ca_file)
@@ -280,6 +281,8 @@ class Probe:
                 item["http_status"] = resp.status
         except urllib.error.HTTPError as exc:
             item["http_status"] = exc.code
+            if 300 <= exc.code < 400:
+                item["error"] = str(exc.msg)
             body = exc.read(limit + 1) if exc.fp is not None else b""
         except (urllib.error.URLError, OSError, ValueError, ssl.SSLError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -292,6 +295,36 @@ class Probe:
         item["duration_s"] = round(time.monotonic() - start, 4)
         self.items[item_id] = item
         return item
+
+
+def _origin(url: str) -> Tuple[str, str, Optional[int]]:
+    parsed = urllib.parse.urlsplit(url)
+    default = 443 if parsed.scheme == "https" else 80
+    return parsed.scheme.lower(), (parsed.hostname or "").lower(), parsed.port or default
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect only within the configured URL's origin (scheme, host, port).
+
+    Why: urllib's stock handler copies every header added with `add_header`, the bearer
+    token included, onto the redirected request, wherever it points (CPython
+    Lib/urllib/request.py, `HTTPRedirectHandler.redirect_request`). A server on the vLLM port
+    could thus send the operator's API key to any host. A same-origin redirect (vLLM's
+    mounted `/metrics` answers `/metrics/` on some versions) is still followed; any other is
+    not, and the item records the 3xx status with the refused target."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> Optional[urllib.request.Request]:
+        if _origin(newurl) != _origin(req.full_url):
+            raise urllib.error.HTTPError(
+                req.full_url,
+                code,
+                "redirect to another origin not followed: %s" % newurl[:200],
+                headers,
+                fp,
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def user_can_read(path: str, user: Optional[str]) -> Optional[str]:

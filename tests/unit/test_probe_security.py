@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -349,3 +349,68 @@ def _has_user(name: str) -> bool:
     except KeyError:
         return False
     return True
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Another origin: records every Authorization header that reaches it."""
+
+    seen: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        _Recorder.seen.append(self.headers.get("Authorization") or "")
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"data": []}')
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def _redirecting_handler(elsewhere: str) -> type[http.server.BaseHTTPRequestHandler]:
+    class Redirecting(http.server.BaseHTTPRequestHandler):
+        """A hostile listener on the vLLM port: /v1/models goes to another origin, /metrics to
+        /metrics/ on itself (as vLLM's mounted metrics app does), which needs the token."""
+
+        def do_GET(self) -> None:
+            if self.path == "/v1/models":
+                self.send_response(302)
+                self.send_header("Location", elsewhere + "/steal")
+                self.end_headers()
+            elif self.path == "/metrics":
+                self.send_response(307)
+                self.send_header("Location", "/metrics/")
+                self.end_headers()
+            else:
+                ok = self.headers.get("Authorization") == "Bearer tok-123"
+                self.send_response(200 if ok else 401)
+                self.end_headers()
+                self.wfile.write(b"vllm:num_requests_running 0\n")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Redirecting
+
+
+def test_the_api_key_never_follows_a_redirect_to_another_origin() -> None:
+    from kvops.probe.core import Probe as ProbeCore
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    elsewhere = f"http://127.0.0.1:{other.server_address[1]}"
+    vllm = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _redirecting_handler(elsewhere))
+    servers = [other, vllm]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{vllm.server_address[1]}"
+        probe = ProbeCore({"http_bearer_token": "tok-123"})
+        models = probe.http("models", base + "/v1/models")
+        assert _Recorder.seen == []  # nothing, token or not, reached the other origin
+        assert models["http_status"] == 302
+        assert "redirect to another origin not followed" in models["error"]
+        metrics = probe.http("metrics", base + "/metrics")
+        assert metrics["http_status"] == 200  # same origin: followed, with the token
+        assert "num_requests_running" in metrics["stdout"]
+    finally:
+        for server in servers:
+            server.shutdown()
