@@ -19,14 +19,14 @@ import datetime
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvops.abtest.arms import Arm
 from kvops.errors import KvopsError
-from kvops.probe.redact import redact_text, redact_value
+from kvops.probe.redact import SECRET_NAME, redact_text, redact_value
 
 # What an arm name means as a variant of the vllm_lmcache role (an arm may also be named after
 # the variant directly: offload_cpu_gds).
@@ -188,12 +188,39 @@ def deploy_arms(settings: DeploySettings, names: list[str], model: str | None) -
 
 
 def deploy_record(settings: DeploySettings) -> dict[str, Any]:
-    """The settings as run.json keeps them (for --resume); extra vars are the operator's own
-    command-line values, never vault secrets (those stay in the inventory)."""
+    """The settings as run.json keeps them (for --resume). A secret-named extra var (a token,
+    key or password: the redactor's names) is kept by name only: run.json is an ordinary file
+    in an ordinary directory, so `--resume` asks for those values again (`--deploy-var`)."""
+    secret = sorted(k for k in settings.extra_vars if SECRET_NAME.search(k))
     return {
         "project_root": str(settings.project_root),
         "inventories": list(settings.inventories),
         "limit": settings.limit,
-        "extra_vars": dict(settings.extra_vars),
+        "extra_vars": {k: v for k, v in settings.extra_vars.items() if k not in secret},
+        "secret_extra_vars": secret,
         "clear_gds_dir": settings.clear_gds_dir,
     }
+
+
+def settings_from_record(record: Mapping[str, Any], secrets: Mapping[str, Any]) -> DeploySettings:
+    """`deploy_record` read back for --resume, with the secret extra vars given again on the
+    command line. Raises DeployError naming what is missing or not expected."""
+    fields = dict(record)
+    needed = [str(k) for k in fields.pop("secret_extra_vars", [])]
+    missing = [k for k in needed if k not in secrets]
+    if missing:
+        raise DeployError(
+            "--resume: run.json keeps no secret; give "
+            + ", ".join(missing)
+            + " again with --deploy-var KEY=VALUE (or keep it in the inventory, vaulted)"
+        )
+    unexpected = sorted(set(secrets) - set(needed))
+    if unexpected:
+        raise DeployError(
+            "--resume takes --deploy-var only for the run's secret vars ("
+            + (", ".join(needed) or "none")
+            + "), not "
+            + ", ".join(unexpected)
+        )
+    fields["extra_vars"] = {**fields.get("extra_vars", {}), **dict(secrets)}
+    return DeploySettings(project_root=Path(fields.pop("project_root")), **fields)

@@ -17,9 +17,16 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvops.abtest.arms import Arm
-from kvops.abtest.deploy import ArmDeployer, DeployError, DeploySettings, deploy_record
+from kvops.abtest.deploy import (
+    ArmDeployer,
+    DeployError,
+    DeploySettings,
+    deploy_record,
+    settings_from_record,
+)
 from kvops.abtest.embedded import EmbeddedEngines, SimProfile
 from kvops.abtest.experiment import Experiment, Hooks, Options
 from kvops.abtest.results import ResultSet, build_results
@@ -40,6 +47,8 @@ class AbTestRequest:
     overwrite: bool = False
     resume: bool = False
     deploy: DeploySettings | None = None  # --deploy: each arm's variant put on the host first
+    # --resume of a --deploy run: the secret extra vars run.json did not keep, given again
+    resume_deploy_vars: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -65,9 +74,9 @@ def prepare(req: AbTestRequest) -> RunDir:
         req.sim = SimProfile(**run["sim"]) if run.get("sim") else req.sim
         req.seed, req.slo = int(run.get("seed") or 0), dict(run.get("slo") or {})
         if run.get("deploy"):
-            req.deploy = DeploySettings(
-                project_root=Path(run["deploy"].pop("project_root")), **run["deploy"]
-            )
+            req.deploy = settings_from_record(run["deploy"], req.resume_deploy_vars)
+        elif req.resume_deploy_vars:
+            raise DeployError("--deploy-var on --resume: this run did not deploy")
         return run_dir
     if req.seed is None:
         req.seed = secrets.randbits(32)

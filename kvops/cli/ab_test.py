@@ -214,7 +214,9 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     "deploy_vars",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Extra variable for deploy.yml (VALUE parsed as JSON when it is JSON).",
+    help="Extra variable for deploy.yml (VALUE parsed as JSON when it is JSON). A secret-named "
+    "one (token, key, password) is not kept in run.json: give it again with --resume. Better: "
+    "keep secrets in the inventory, vaulted.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print results.json to stdout.")
 @click.option("--sim-gpu", default="h100-sxm-80gb", show_default=True)
@@ -353,7 +355,9 @@ class CliArgs:
 
 def _request(a: CliArgs) -> AbTestRequest:
     if a.resume is not None:
-        return AbTestRequest(out=a.resume, resume=True)
+        return AbTestRequest(
+            out=a.resume, resume=True, resume_deploy_vars=_deploy_vars(a.deploy_vars)
+        )
     deploy = _deploy_settings(a)
     arms = [parse_arm(text) for text in a.arms]
     if deploy is not None:
@@ -418,8 +422,13 @@ def _deploy_settings(a: CliArgs) -> DeploySettings | None:
     root = find_project_root()
     if root is None or not (root / "playbooks" / "deploy.yml").is_file():
         raise ValueError("--deploy runs playbooks/deploy.yml: run it from the kvops checkout")
+    return DeploySettings(root, list(a.inventories), a.limit, _deploy_vars(a.deploy_vars))
+
+
+def _deploy_vars(items: tuple[str, ...]) -> dict[str, Any]:
+    """`--deploy-var KEY=VALUE`: VALUE as JSON when it parses, else the plain string."""
     extra: dict[str, Any] = {}
-    for item in a.deploy_vars:
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--deploy-var {item!r}: expected KEY=VALUE")
@@ -427,4 +436,4 @@ def _deploy_settings(a: CliArgs) -> DeploySettings | None:
             extra[key] = json.loads(value)
         except ValueError:
             extra[key] = value
-    return DeploySettings(root, list(a.inventories), a.limit, extra)
+    return extra

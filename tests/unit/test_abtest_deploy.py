@@ -113,3 +113,49 @@ def test_impossible_deploy_options_are_one_line_usage_errors(args: list[str], me
     result = CliRunner().invoke(main, ["ab-test", *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_run_json_keeps_no_secret_deploy_var_and_resume_asks_for_it_again(
+    tmp_path: Path,
+) -> None:
+    """`--deploy-var vllm_lmcache_hf_token=...` reaches the play, not run.json (an ordinary
+    0644 file): --resume then needs it given again, and only it."""
+    from kvops.abtest.session import AbTestRequest, prepare
+    from kvops.workload import load_preset
+
+    extra = {"vllm_lmcache_hf_token": "hf_Secret123", "vllm_lmcache_port": 8001}
+    first = AbTestRequest(
+        out=tmp_path / "run",
+        arms=[Arm("baseline", "http://h:8001"), Arm("offload", "http://h:8001")],
+        scenarios=[load_preset("unique-one-shot")],
+        deploy=DeploySettings(ROOT, ["inv.yml"], "gpu1", extra),
+    )
+    prepare(first)
+    stored = (tmp_path / "run" / "run.json").read_text()
+    assert "hf_Secret123" not in stored
+    assert json.loads(stored)["deploy"]["secret_extra_vars"] == ["vllm_lmcache_hf_token"]
+
+    with pytest.raises(DeployError, match="give vllm_lmcache_hf_token again with --deploy-var"):
+        prepare(AbTestRequest(out=tmp_path / "run", resume=True))
+    with pytest.raises(DeployError, match="not vllm_lmcache_port"):
+        prepare(
+            AbTestRequest(
+                out=tmp_path / "run",
+                resume=True,
+                resume_deploy_vars={"vllm_lmcache_hf_token": "x", "vllm_lmcache_port": 1},
+            )
+        )
+    again = AbTestRequest(
+        out=tmp_path / "run", resume=True, resume_deploy_vars={"vllm_lmcache_hf_token": "hf_x"}
+    )
+    prepare(again)
+    assert again.deploy is not None
+    assert again.deploy.extra_vars == {"vllm_lmcache_port": 8001, "vllm_lmcache_hf_token": "hf_x"}
+
+
+def test_resume_takes_the_secret_deploy_vars_on_the_command_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["ab-test", "--resume", str(tmp_path), "--deploy-var", "broken"]
+    )
+    assert result.exit_code == 2
+    assert "--deploy-var 'broken': expected KEY=VALUE" in result.output
