@@ -189,7 +189,11 @@ def probe_host(host: InventoryHost, config: dict[str, Any], opts: SshOptions) ->
             f"probe on {host.name} exited {code} without evidence: {why}",
             err,
         )
+    # Who the host is and what it was asked to be (`role`, vLLM URL, paths) are the
+    # inventory's: a host that rewrites them in its answer (say `role: none`, which turns its
+    # vLLM and LMCache checks into SKIPs, or another host's name) is not believed.
     doc["host"] = host.name
+    doc["settings"] = settings
     return HostResult(
         host=host.name,
         status=HostStatus.OK,
