@@ -19,6 +19,7 @@ import select
 import shutil
 import signal
 import ssl
+import stat
 import subprocess
 import tempfile
 import time
@@ -225,23 +226,34 @@ class Probe:
             return self.items[item_id]
         start = time.monotonic()
         item: Dict[str, Any] = {"kind": KIND_FILE, "source": real}
-        refused = user_can_read(real, readable_by) if os.path.exists(real) else None
-        if refused:
-            item.update(error=refused, duration_s=0.0)
-            if record:
-                self.items[item_id] = item
-            return item
         try:
-            with open(real, "rb") as fh:
-                data = fh.read(FILE_LIMIT + 1)
-            text, truncated = _bounded(data, FILE_LIMIT)
-            item["stdout"] = text
-            if truncated:
-                item["truncated"] = True
-            item["error"] = None
+            # The access check and the read are one file: what is judged readable is the
+            # opened descriptor (fstat), so a path swapped between check and read (a symlink
+            # to /etc/shadow put in place by the service user) is not read. O_NONBLOCK: a FIFO
+            # named by the service must not hang the probe at open.
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             name = errno.errorcode.get(exc.errno or 0, "OSError")
             item["error"] = "%s %s: %s" % (name, real, exc.strerror or exc)
+            fd = -1
+        if fd >= 0:
+            with os.fdopen(fd, "rb") as fh:
+                refused = user_can_read(real, readable_by, os.fstat(fh.fileno()))
+                if refused:
+                    item.update(error=refused, duration_s=0.0)
+                    if record:
+                        self.items[item_id] = item
+                    return item
+                try:
+                    data = fh.read(FILE_LIMIT + 1)
+                    text, truncated = _bounded(data, FILE_LIMIT)
+                    item["stdout"] = text
+                    if truncated:
+                        item["truncated"] = True
+                    item["error"] = None
+                except OSError as exc:
+                    name = errno.errorcode.get(exc.errno or 0, "OSError")
+                    item["error"] = "%s %s: %s" % (name, real, exc.strerror or exc)
         item["duration_s"] = round(time.monotonic() - start, 4)
         if record:
             self.items[item_id] = item
@@ -327,17 +339,19 @@ class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def user_can_read(path: str, user: Optional[str]) -> Optional[str]:
-    """None when `user` may read `path` by its mode bits (root: always; symlinks followed);
-    else why not. A file the service names is read only if the service could read it too,
-    so a root probe never copies e.g. /etc/shadow into evidence on the service's word."""
+def user_can_read(path: str, user: Optional[str], st: os.stat_result) -> Optional[str]:
+    """None when `user` may read the opened file `st` (of `path`) by its mode bits (root:
+    always); else why not. A file the service names is read only if the service could read it
+    too, so a root probe never copies e.g. /etc/shadow into evidence on the service's word;
+    and only a regular file, as a service's config is."""
     if not user:
         return None
     try:
         pw = pwd.getpwnam(user)
-        st = os.stat(path)
-    except (KeyError, OSError) as exc:
+    except KeyError as exc:
         return "cannot check read access of %s for %s: %s" % (path, user, exc)
+    if not stat.S_ISREG(st.st_mode):
+        return "%s is not a regular file: not read" % path
     if pw.pw_uid == 0:
         return None
     try:

@@ -414,3 +414,33 @@ def test_the_api_key_never_follows_a_redirect_to_another_origin() -> None:
     finally:
         for server in servers:
             server.shutdown()
+
+
+@ROOT_ONLY
+def test_the_read_access_check_is_made_on_the_file_actually_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Check-then-read on a path lets the service user swap the file in between (a symlink to
+    a root-only file); the probe judges the descriptor it reads from."""
+    from kvops.probe import core
+
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$hash:19000::::::\n")
+    secret.chmod(0o600)
+    decoy = tmp_path / "lmcache.yaml"
+    decoy.write_text("chunk_size: 256\n")
+    decoy.chmod(0o644)
+    world_readable = os.stat(decoy)  # what a path lookup sees once the decoy is back in place
+    monkeypatch.setattr(core.os, "stat", lambda *a, **k: world_readable)
+    item = Probe({}).file("lmcache_config", str(secret), readable_by="nobody")
+    assert "not readable by the service user nobody" in item["error"]
+    assert "stdout" not in item
+
+
+@ROOT_ONLY
+def test_a_fifo_named_by_the_service_is_not_read_and_does_not_hang(tmp_path: Path) -> None:
+    fifo = tmp_path / "lmcache.yaml"
+    os.mkfifo(fifo)
+    fifo.chmod(0o644)
+    item = Probe({}).file("lmcache_config", str(fifo), readable_by="nobody")
+    assert "not a regular file" in item["error"]
