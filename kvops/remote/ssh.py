@@ -457,19 +457,30 @@ def remote_command(host: InventoryHost, timeout_s: float, marker: str, prompt: s
     return f"/bin/sh -c {shlex.quote(script)}"
 
 
+# Bytes of sudo's stderr (and of stdout before the marker) kept during the become handshake.
+HANDSHAKE_TAIL_BYTES = 4096
+
+
 def _become_handshake(
     chan: paramiko.Channel, host: InventoryHost, marker: str, prompt: str, deadline: float
 ) -> bytes:
-    """Answer sudo's prompt if it asks; return stdout bytes that followed the marker line."""
+    """Answer sudo's prompt if it asks; return stdout bytes that followed the marker line.
+
+    What the host sends before the marker is kept only as a short tail (enough to find a
+    marker or prompt split across reads, and the last words of a failure): a host that
+    streams without end costs constant memory and linear time, not a growing buffer scanned
+    again on every read."""
+    line = marker.encode() + b"\n"
     out = err = b""
     sent_password = False
     while time.monotonic() < deadline:
         if chan.recv_ready():
             out += chan.recv(65536)
         if chan.recv_stderr_ready():
-            err += chan.recv_stderr(65536)
-        if marker.encode() + b"\n" in out:
-            return out.split(marker.encode() + b"\n", 1)[1]
+            err = (err + chan.recv_stderr(65536))[-HANDSHAKE_TAIL_BYTES:]
+        if line in out:
+            return out.split(line, 1)[1]
+        out = out[-len(line) :]
         if prompt.encode() in err:
             if sent_password or not host.become_password:
                 why = "rejected" if sent_password else "required (set ansible_become_password)"

@@ -7,6 +7,7 @@ import re
 import sys
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,23 @@ def test_sudo_refusal_is_reported_with_its_message() -> None:
     chan = ChannelDouble([("err", b"sudo: a password is required\n")], exits=True)
     with pytest.raises(PermissionError, match="a password is required"):
         _become_handshake(chan, host, "MARK", "[P]", time.monotonic() + 5)  # type: ignore[arg-type]
+
+
+def test_a_host_that_streams_before_the_marker_costs_constant_memory() -> None:
+    """A hostile host can write without end before the marker (or to stderr) during become:
+    the handshake keeps a short tail, not everything it was sent."""
+    host = InventoryHost("h", vars={"ansible_become": True, "ansible_become_password": "pw"})
+    junk = b"x" * 65536
+    script = [("out", junk), ("err", junk)] * 128 + [("out", b"MAR"), ("out", b"K\n{doc")]
+    chan = ChannelDouble(script)
+    tracemalloc.start()
+    try:
+        rest = _become_handshake(chan, host, "MARK", "[P]", time.monotonic() + 30)  # type: ignore[arg-type]
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert rest == b"{doc"  # the marker split across two reads is still found
+    assert peak_bytes < 1024 * 1024  # 16 MiB streamed: nothing near it kept
 
 
 OLD_PYTHON_DOUBLE = Path(__file__).parents[1] / "doubles" / "python_3_7_double"
