@@ -27,21 +27,49 @@ class SseEvents:
     error: str | None = None
 
 
+# The largest event kvops waits to complete: far above any vLLM completion chunk (a few KB,
+# more with logprobs), far below what a hostile or broken server could make a client hold.
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+# Of a server's error message in a stream, what a record keeps.
+MAX_ERROR_CHARS = 300
+
+
 @dataclass
 class SseParser:
-    _buffer: bytes = b""
+    _buffer: bytearray = field(default_factory=bytearray)
+    _scanned: int = 0  # bytes of the buffer already searched for an event's end
     saw_done: bool = False
     payloads: list[dict[str, Any]] = field(default_factory=list)
 
     def feed(self, data: bytes) -> SseEvents:
         """Consume bytes; return the complete events they finished. Raises MalformedStreamError
-        for a `data:` payload that is not JSON."""
+        for a `data:` payload that is not JSON, or an event that grows past MAX_EVENT_BYTES.
+
+        Linear in what the server sends: the buffer is appended to in place and only its new
+        bytes are searched for an event's end."""
         out = SseEvents()
-        self._buffer += data.replace(b"\r\n", b"\n")
-        while b"\n\n" in self._buffer:
-            raw, self._buffer = self._buffer.split(b"\n\n", 1)
-            self._event(raw, out)
+        self._buffer += data
+        while (end := self._end_of_event()) >= 0:
+            raw = bytes(self._buffer[:end])
+            del self._buffer[: end + 2]
+            self._scanned = 0
+            self._event(raw.replace(b"\r", b""), out)
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            raise MalformedStreamError(
+                f"SSE event longer than {MAX_EVENT_BYTES} bytes without an end: stream refused"
+            )
         return out
+
+    def _end_of_event(self) -> int:
+        """Index of the blank line ending the first event (CRLF or LF line ends), or -1."""
+        buf = self._buffer
+        start = max(self._scanned - 3, 0)
+        end = buf.find(b"\n\n", start)
+        crlf = buf.find(b"\n\r\n", start)
+        self._scanned = len(buf)
+        if crlf >= 0 and (end < 0 or crlf < end):
+            return crlf + 1  # the event ends before "\r\n"; skip 2 more ("\r\n")
+        return end
 
     def _event(self, raw: bytes, out: SseEvents) -> None:
         for line in raw.split(b"\n"):
@@ -65,7 +93,7 @@ class SseParser:
             if "error" in obj and not obj.get("choices"):
                 err = obj["error"]
                 msg = err.get("message", err) if isinstance(err, dict) else err
-                out.error = f"server error in stream: {msg}"
+                out.error = f"server error in stream: {str(msg)[:MAX_ERROR_CHARS]}"
             if obj.get("choices"):
                 out.token_events += 1
             if isinstance(obj.get("usage"), dict):
@@ -73,4 +101,4 @@ class SseParser:
 
     @property
     def leftover(self) -> bytes:
-        return self._buffer.strip()
+        return bytes(self._buffer).strip()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvops.loadgen import JsonlWriter, MalformedStreamError, RequestRecord, SseParser, read_records
+from kvops.loadgen.sse import MAX_EVENT_BYTES
 
 
 def _chunk(obj: object) -> bytes:
@@ -50,6 +51,26 @@ def test_malformed_json_raises_with_snippet() -> None:
 def test_error_event_is_reported() -> None:
     ev = SseParser().feed(_chunk({"error": {"message": "engine dead"}}))
     assert ev.error is not None and "engine dead" in ev.error
+
+
+def test_crlf_event_ends_split_across_every_read() -> None:
+    data = b'data: {"choices": [{"text": "x"}]}\r\n\r\n' * 3
+    p = SseParser()
+    assert sum(p.feed(data[i : i + 1]).token_events for i in range(len(data))) == 3
+
+
+def test_a_stream_without_event_ends_is_refused_at_a_bound() -> None:
+    """A server that never ends an event (no blank line) cannot make the client hold it all."""
+    p = SseParser()
+    with pytest.raises(MalformedStreamError, match="without an end"):
+        for _ in range(MAX_EVENT_BYTES // 65536 + 2):
+            p.feed(b"data: " + b"x" * 65530)
+    assert len(p.leftover) <= MAX_EVENT_BYTES + 65536
+
+
+def test_a_servers_error_message_is_kept_short() -> None:
+    ev = SseParser().feed(_chunk({"error": {"message": "boom " * 100_000}}))
+    assert ev.error is not None and len(ev.error) < 400
 
 
 def test_record_properties_and_jsonl_round_trip(tmp_path: Path) -> None:
