@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from kvops.errors import KvopsError
+from kvops.loadgen.client import read_text
 from kvops.parse.prometheus import parse_prometheus_text
 
 # cache_config_info labels that legitimately differ between a baseline and an offload arm
@@ -72,7 +73,7 @@ def parse_arm(text: str) -> Arm:
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=15)) as resp:
-        return resp.status, await resp.text(errors="replace")
+        return resp.status, await read_text(resp)
 
 
 async def fetch_arm_info(session: aiohttp.ClientSession, arm: Arm) -> ArmInfo:
@@ -178,7 +179,7 @@ async def reset_prefix_cache(session: aiohttp.ClientSession, info: ArmInfo) -> b
                 if resp.status in (404, 405):
                     info.has_reset = False
                     return False
-                text = await resp.text()
+                text = await read_text(resp, 64 * 1024, truncate=True)
                 info.has_reset = resp.status == 200
                 if resp.status == 200 and '"success":false' not in text.replace(" ", ""):
                     return True

@@ -13,12 +13,13 @@ tokenizer's special tokens (BOS) accounted for.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import aiohttp
 
 from kvops.errors import KvopsError
-from kvops.loadgen.client import CompletionRequest, Endpoint, send_request
+from kvops.loadgen.client import CompletionRequest, Endpoint, read_text, send_request
 from kvops.workload.generate import Alphabet
 
 _WORD_TEXT = (
@@ -52,7 +53,7 @@ async def _tokenize(
             async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=30)) as r:
                 if r.status != 200:
                     continue
-                data = await r.json(content_type=None)
+                data = json.loads(await read_text(r))
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
         tokens = data.get("tokens") if isinstance(data, dict) else None

@@ -20,6 +20,40 @@ import aiohttp
 from kvops.loadgen.sse import MalformedStreamError, SseParser
 from kvops.workload.record import RequestRecord
 
+# The most of a plain (non-streaming) answer kvops reads: /metrics text, /v1/models, /version,
+# /tokenize, an error body. A large vLLM /metrics page is a few MB; a server that answers
+# without end (hostile, or broken) must not fill the client's memory.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class ResponseTooLarge(aiohttp.ClientPayloadError):
+    """An answer longer than the bound it was read with (an aiohttp.ClientError, so every
+    caller that handles a failed request handles this one too)."""
+
+
+async def read_text(
+    resp: aiohttp.ClientResponse, limit_bytes: int = MAX_BODY_BYTES, truncate: bool = False
+) -> str:
+    """The answer's body as text (UTF-8, undecodable bytes replaced), read up to `limit_bytes`:
+    past it the rest is never read, and the call raises ResponseTooLarge, or with `truncate`
+    returns the first `limit_bytes` (an error body shown in one line)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit_bytes:
+        chunk = await resp.content.read(limit_bytes + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    data = b"".join(chunks)
+    if size > limit_bytes:
+        if not truncate:
+            raise ResponseTooLarge(
+                f"{resp.method} {resp.url.path}: answer longer than {limit_bytes} bytes, not read"
+            )
+        data = data[:limit_bytes]
+    return data.decode("utf-8", "replace")
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -119,7 +153,7 @@ async def send_request(
         async with session.post(endpoint.url, data=body, timeout=timeout) as resp:
             rec.http_status = resp.status
             if resp.status != 200:
-                text = (await resp.text(errors="replace"))[:300]
+                text = (await read_text(resp, 4096, truncate=True))[:300]
                 rec.error = f"HTTP {resp.status}: {text.strip()}"
             else:
                 async for data in resp.content.iter_any():

@@ -27,6 +27,7 @@ import aiohttp
 
 from kvops.errors import KvopsError
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session, send_request
+from kvops.loadgen.client import read_text
 from kvops.parse.prometheus import PrometheusText, parse_prometheus_text
 from kvops.smoke import chunk_files
 from kvops.smoke.judge import (
@@ -91,7 +92,7 @@ class _Server:
             async with self.session.request(
                 method, self.url + path, json=body, timeout=timeout, headers={"Accept": "*/*"}
             ) as resp:
-                return resp.status, await resp.text(errors="replace")
+                return resp.status, await read_text(resp)
         except aiohttp.ClientConnectorError as exc:
             raise SmokeError(f"cannot reach {self.url}: {exc.os_error or exc}") from None
         except TimeoutError:
