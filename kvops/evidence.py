@@ -123,6 +123,7 @@ VLLM_ENV = "vllm_env"
 LMCACHE_CONFIG = "lmcache_config"
 LMCACHE_VERSION = "lmcache_version"
 VLLM_JOURNAL = "vllm_journal"
+VLLM_JOURNAL_PROBLEMS = "vllm_journal_problems"
 VLLM_CONFIG_FILE = "vllm_config_file"
 VLLM_WRAPPER = "vllm_wrapper"
 GDS_DIR = "gds_dir"
@@ -245,6 +246,12 @@ ITEM_SOURCES: dict[str, str] = {
         "command ['journalctl', '--no-pager', '-o', 'cat', '-n', '3000', "
         "'_SYSTEMD_INVOCATION_ID=<the unit's InvocationID>'] (the current run's log), else "
         "[..., '-b', '-u', <vllm_service>]; redacted on the host. Exit 127 without systemd."
+    ),
+    VLLM_JOURNAL_PROBLEMS: (
+        "command [..., '--grep', <the LMCache problem lines>, '-n', '200', <as vllm_journal>]: "
+        "the lines of the whole current run that name a silent LMCache failure (degraded mode, "
+        "an ignored key, the pure-torch fallback), which the 3000-line tail loses on a busy "
+        "server; redacted on the host."
     ),
     GDS_DIR: (
         "dir settings.gds_dir, read in a child process with its own time budget; error "

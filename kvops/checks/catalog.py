@@ -225,9 +225,11 @@ _ROWS = [
         "GDS-066",
         "lmcache",
         "Service log free of LMCache fallback and ignored-setting warnings",
-        "Fix what the quoted log lines name: rebuild or reinstall LMCache against the installed "
-        "torch (`python -c 'import torch, lmcache.cuda_ops'` must work), rename or remove "
-        "ignored keys, and restart the service.",
+        "Fix what the quoted log lines name: for degraded mode, the first LMCache ERROR of the "
+        "start says why (a cuFile registration error, a gds_path that is not on the RDMA mount, "
+        "a missing library); rebuild or reinstall LMCache against the installed torch "
+        "(`python -c 'import torch, lmcache.cuda_ops'` must work), rename or remove ignored "
+        "keys, and restart the service.",
     ),
     (
         "GDS-070",

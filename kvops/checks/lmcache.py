@@ -241,7 +241,14 @@ def check_gds_stays_on(ctx: Context) -> list[Finding]:
 
 # LMCache 0.5.6 log lines that mean slower or misconfigured offload without any error
 # (`lmcache/v1/platform/devices/cuda/device_ops.py`, `config_base.py`, `config.py`).
+DEGRADED = (
+    "LMCache failed to initialise and the server runs without offload, healthy on /health "
+    "(degraded mode: every request recomputed)"
+)
 JOURNAL_PROBLEMS = (
+    ("Failed to initialize LMCacheManager components", DEGRADED),
+    ("marked as init failed", DEGRADED),
+    ("degraded mode", DEGRADED),
     ("cuda_ops compiled extension not found", "LMCache runs its pure-torch fallback (ABI "
      "mismatch with torch): rebuild/reinstall LMCache for this torch"),
     ("Unknown configuration key", "a config key is ignored"),
@@ -257,6 +264,10 @@ def check_service_log(ctx: Context) -> list[Finding]:
     if text is None:
         return [ctx.skip("GDS-066", ev.VLLM_JOURNAL)]
     lines = text.splitlines()
+    # the problem lines of the whole run (journalctl --grep), which the tail may have lost
+    early = [ln for ln in (ctx.text(ev.VLLM_JOURNAL_PROBLEMS) or "").splitlines() if ln]
+    seen = set(lines)
+    lines += [ln for ln in early if ln not in seen]
     found = []
     shown: list[str] = []
     for needle, meaning in JOURNAL_PROBLEMS:

@@ -418,6 +418,20 @@ def _is_script(path: str) -> bool:
 
 
 JOURNAL_LINES = 3000
+# LMCache 0.5.6's log texts of a silent failure: its initialisation failing into "degraded mode
+# (recompute)" (lmcache/v1/manager.py, lmcache/v1/cache_engine.py), the pure-torch fallback
+# and ignored settings (device_ops.py, config_base.py, config.py). They are logged once, at
+# start, and scroll out of the tail of a busy server's log; journalctl --grep keeps them.
+LMCACHE_PROBLEM_TEXTS = (
+    "Failed to initialize LMCacheManager components",
+    "marked as init failed",
+    "degraded mode",
+    "cuda_ops compiled extension not found",
+    "Unknown configuration key",
+    "does not exist in configuration",
+    "Failed to convert value",
+)
+PROBLEM_LINES = 200
 
 
 def collect_journal(p: Probe, unit: str, invocation: str) -> None:
@@ -429,6 +443,11 @@ def collect_journal(p: Probe, unit: str, invocation: str) -> None:
     else:
         argv += ["-b", "-u", unit]
     item = p.command("vllm_journal", argv)
+    if item.get("stdout"):
+        item["stdout"] = redact_text(item["stdout"])
+    pattern = "|".join(re.escape(text) for text in LMCACHE_PROBLEM_TEXTS)
+    grep = [*argv[:4], "--grep", pattern, "-n", str(PROBLEM_LINES), *argv[6:]]
+    item = p.command("vllm_journal_problems", grep)
     if item.get("stdout"):
         item["stdout"] = redact_text(item["stdout"])
 

@@ -251,6 +251,41 @@ def test_service_log_warnings_fail_offload_hosts() -> None:
     assert findings_for(doc, "GDS-066")[0][0] == "SKIP"
 
 
+# LMCache 0.5.6's own lines when its initialisation fails (no GPU connector, a cuFile
+# registration error): vLLM stays healthy on /health and never offloads.
+DEGRADED_LINES = (
+    "[2026-12-02 13:59:04,100] LMCache ERROR: Failed to initialize LMCacheManager components: "
+    "RuntimeError: No supported cpu connector found. System will operate in degraded mode "
+    "(recompute). (manager.py:212:lmcache.v1.manager)\n"
+    "[2026-12-02 13:59:04,101] LMCache WARNING: Skipping post_init due to previous "
+    "initialization failure (manager.py:260:lmcache.v1.manager)\n"
+)
+
+
+def test_degraded_mode_fails_even_after_it_scrolled_out_of_the_tail() -> None:
+    """Logged once at start: on a busy server the 3000-line tail no longer holds it, the
+    whole run's problem lines (journalctl --grep) still do."""
+    doc = healthy()
+    doc["items"]["vllm_journal"]["stdout"] += DEGRADED_LINES
+    [(severity, message)] = findings_for(doc, "GDS-066")
+    assert severity == "FAIL" and "degraded mode" in message
+    doc = healthy()
+    doc["items"]["vllm_journal_problems"] = command(
+        ["journalctl", "--grep", "..."], DEGRADED_LINES.split("\n")[0] + "\n"
+    )
+    [(severity, message)] = findings_for(doc, "GDS-066")
+    assert severity == "FAIL"
+    assert "1x 'Failed to initialize LMCacheManager components'" in message
+    assert "without offload" in message
+
+
+def test_the_probes_problem_grep_covers_every_line_the_judge_fails() -> None:
+    from kvops.checks.lmcache import JOURNAL_PROBLEMS
+    from kvops.probe.service import LMCACHE_PROBLEM_TEXTS
+
+    assert [needle for needle, _ in JOURNAL_PROBLEMS] == list(LMCACHE_PROBLEM_TEXTS)
+
+
 def _resolved(doc: dict[str, Any], paths: dict[str, str]) -> None:
     doc["items"]["gds_dir"]["data"]["resolved_paths"] = paths
 
