@@ -13,13 +13,18 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
+import evidence_builders as eb
 import pytest
 from rich.console import Console
 
 from kvops.checks import Finding, Severity
 from kvops.checks.fleet import FleetResult
+from kvops.remote.inventory import InventoryHost
 from kvops.report.findings import host_table, render_terminal, to_json, to_junit
 from kvops.report.host_text import markup, printable
+from kvops.validate import collect, run
+from kvops.validate.collect import HostResult, HostStatus, error_evidence
+from kvops.validate.run import ValidateRequest
 
 # Markup that crashes rich or restyles, cursor-up + erase-line, BEL, 8-bit CSI, CR, NUL, DEL,
 # a lone surrogate (json.loads accepts "\ud800"), an XML non-character, a bidi override.
@@ -115,3 +120,34 @@ def test_ordinary_text_is_unchanged() -> None:
     assert printable("a\nb", one_line=True) == "a\\nb"
     assert markup("[bold]x[/]") == "\\[bold]x\\[/]"
     assert printable("\x1b[2K\x9b\r") == "\\x1b[2K\\x9b\\r"
+
+
+def test_progress_lines_quote_a_hostile_probe_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kvops validate`'s progress: the reason of a failed probe ends with the host's last
+    stderr line. A `[/]` there used to raise MarkupError in the worker that reported it, and
+    that worker's remaining hosts vanished from the report."""
+    names = [f"gpu-{i}" for i in range(5)]
+    hosts = [InventoryHost(n, vars={"ansible_connection": "ssh"}) for n in names]
+    hosts[0].warnings.append(f"kvops_role {HOSTILE!r} unknown")
+    monkeypatch.setattr(run, "load_inventory", lambda *a: hosts)
+
+    def probe_host(host: InventoryHost, config: dict[str, Any], opts: Any) -> HostResult:
+        if host.name == "gpu-1":
+            doc = eb.healthy()
+            doc["host"] = host.name  # as probe_host sets it
+            return HostResult(host.name, HostStatus.OK, doc, duration_s=1.0)
+        reason = f"probe on {host.name} exited 1 without evidence: {HOSTILE}"
+        return HostResult(
+            host.name, HostStatus.PROBE_FAILED, error_evidence(host.name, {}, reason), reason
+        )
+
+    monkeypatch.setattr(collect, "probe_host", probe_host)
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system="truecolor", width=300)
+    outcome = run.run_validate(ValidateRequest(inventories=("inv",), forks=2), console.print)
+    assert [p.host for p in outcome.probes] == names
+    assert sorted(outcome.fleet.findings) == sorted(names)
+    plain = _RICH_SGR.sub("", out.getvalue())
+    assert not _CONTROL.findall(plain) and not any(c in plain for c in ATTACKS)
+    assert plain.count("[bold red]PASS[/bold red] \\x1b[2K") == 4 + 1  # 4 reasons, 1 warning
+    assert "probed  gpu-1 (1.0 s)" in plain
