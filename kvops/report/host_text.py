@@ -47,3 +47,11 @@ def printable(text: object, *, one_line: bool = False) -> str:
 def markup(text: object, *, one_line: bool = True) -> str:
     """`printable` text to embed in a rich markup string: its brackets shown, never parsed."""
     return escape(printable(text, one_line=one_line))
+
+
+def json_safe(document: str) -> str:
+    """JSON text (from `json.dumps(..., ensure_ascii=False)`) with every character
+    `printable` would escape written as JSON's own `\\uXXXX` escape (RFC 8259 §7): the same
+    document for any parser, nothing a terminal acts on when it is printed. Outside strings
+    JSON text is ASCII structure and LF/TAB whitespace, so only string contents change."""
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", document)
