@@ -25,11 +25,10 @@ from rich.markup import escape
 # written as UTF-8: json.loads accepts "\ud800"), the XML non-characters U+FFFE/U+FFFF, and
 # the bidirectional overrides that make a terminal show text in another order than it reads
 # (CVE-2021-42574, https://trojansource.codes/).
-_UNSAFE = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff\u202a-\u202e\u2066-\u2069]"
-)
+_CLASS = "\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff\u202a-\u202e\u2066-\u2069"
+_UNSAFE = re.compile(f"[{_CLASS}]")
 # Also replaced in one-line text: a newline there lets a host forge a line of our own output.
-_UNSAFE_ONE_LINE = re.compile(_UNSAFE.pattern[:-1] + "\n]")
+_UNSAFE_ONE_LINE = re.compile(f"[{_CLASS}\n]")
 
 
 def _visible(match: re.Match[str]) -> str:
