@@ -26,6 +26,7 @@ from kvops.errors import RC
 from kvops.lab.config import find_project_root
 from kvops.report.abtest_files import write_reports
 from kvops.report.abtest_table import render_table
+from kvops.report.host_text import markup
 from kvops.sim.lmcache_config import DEFAULT_GDS_BUFFER_MIB
 from kvops.workload.record import RequestRecord
 from kvops.workload.spec import (
@@ -277,8 +278,10 @@ def ab_test(**kw: Any) -> RC:
     hooks = Hooks(
         on_start=lambda total: progress.update(task, total=total, description="requests"),
         on_record=on_record,
-        on_segment=lambda text: progress.update(task, description=text),
-        warn=lambda text: progress.console.print(f"[bold yellow]warning:[/] {text}"),
+        # Warnings quote the servers (their versions, models, cache configuration) and a
+        # progress description is markup too: both shown as text (kvops.report.host_text).
+        on_segment=lambda text: progress.update(task, description=markup(text)),
+        warn=lambda text: progress.console.print(f"[bold yellow]warning:[/] {markup(text)}"),
         write_reports=write_reports,
     )
     with progress:
@@ -290,7 +293,8 @@ def ab_test(**kw: Any) -> RC:
     else:
         render_table(results, out)
     err.print(
-        f"[dim]run directory: {req.out} (results.json, report.md, report.html, records.jsonl)[/]"
+        f"[dim]run directory: {markup(req.out)} (results.json, report.md, report.html, "
+        "records.jsonl)[/]"
     )
     if outcome.interrupted:
         return RC.INTERRUPTED

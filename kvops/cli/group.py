@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from kvops.errors import RC, KvopsError
+from kvops.report.host_text import printable
 
 
 class KvopsGroup(click.Group):
@@ -18,7 +19,9 @@ class KvopsGroup(click.Group):
         try:
             result = super().invoke(ctx)
         except KvopsError as exc:
-            click.echo(f"{_command_name(ctx)}: error: {exc}", err=True)
+            # The message may quote a host or a server (a probe's stderr, an engine's error
+            # body): its control characters are shown, not sent to the terminal.
+            click.echo(f"{_command_name(ctx)}: error: {printable(exc)}", err=True)
             ctx.exit(int(exc.rc))
         except KeyboardInterrupt:
             click.echo(f"\n{_command_name(ctx)}: interrupted", err=True)

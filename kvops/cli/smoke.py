@@ -18,6 +18,7 @@ from rich.text import Text
 
 from kvops.errors import RC
 from kvops.report.findings import STYLE, host_table, write_junit
+from kvops.report.host_text import json_safe, markup
 from kvops.smoke.judge import (
     DEFAULT_MIN_TTFT_DROP,
     as_fleet,
@@ -149,7 +150,10 @@ def smoke(
         raise click.UsageError("give the engine's --url, or --host H -i INVENTORY")
     if host_name and not inventories:
         raise click.UsageError("--host needs the inventory that names it (-i INVENTORY)")
-    progress = (lambda _msg: None) if as_json else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    # Progress quotes the server (its model names, its errors): shown as text, never markup.
+    progress = (
+        (lambda _msg: None) if as_json else (lambda msg: err.print(f"[dim]{markup(msg)}[/dim]"))
+    )
     try:
         opts = _options(url, gds_dir, host_name, list(inventories), known_hosts, timeout_s)
         opts = dataclasses.replace(
@@ -159,7 +163,7 @@ def smoke(
     except SmokeError as exc:
         if as_json:  # scripts read stdout: the failure is a document there too
             doc = {"status": "ERROR", "exit_code": int(exc.rc), "error": str(exc)}
-            click.echo(json.dumps(doc))
+            click.echo(json_safe(json.dumps(doc)))
         raise
     items = judge(evidence, min_ttft_drop)
     fleet = as_fleet(evidence.url, items)
@@ -167,7 +171,7 @@ def smoke(
         write_junit(junit_file, fleet, suite_name="kvops-smoke")
     if as_json:
         doc = {**fleet.to_dict(), **report_dict(evidence, items)}
-        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+        click.echo(json_safe(json.dumps(doc, indent=2, ensure_ascii=False)))
     else:
         out = Console(width=None if sys.stdout.isatty() else 120)  # logs and CI: not 80 columns
         title = f"kvops smoke {evidence.url} (prompt seed {evidence.seed})"

@@ -4,6 +4,10 @@ Why in the report: an A/B result is only as good as the claim that the arms diff
 variant alone. The reader sees every deploy's outcome in run order and, per arm, the versions,
 the rendered LMCache config, the connector JSON, the command line and environment the arm was
 measured with (results.json `deploy`, already redacted by kvops.abtest.deploy_summary).
+
+Most of it was read back from the host (versions, command line, environment, the deploy's
+error): `host_text.printable` before any format, one line where a newline would forge a row
+or a list item, then `html.escape` in HTML.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from kvops.report.host_text import printable
+
 _HEAD = ["#", "arm", "variant", "status", "started", "s", "changed tasks", "error"]
 
 
@@ -22,7 +28,7 @@ def _or_blank(value: Any) -> str:
 
 
 def _outcome_rows(deploy: dict[str, Any]) -> list[list[str]]:
-    return [
+    rows = [
         [
             str(o["index"]), str(o["arm"]), str(o["variant"]), str(o["status"]),
             str(o.get("started_at") or ""), _or_blank(o.get("duration_s")),
@@ -31,6 +37,7 @@ def _outcome_rows(deploy: dict[str, Any]) -> list[list[str]]:
         ]
         for o in deploy["outcomes"]
     ]  # fmt: skip
+    return [[printable(cell, one_line=True) for cell in row] for row in rows]
 
 
 def _intro(deploy: dict[str, Any]) -> str:
@@ -55,11 +62,20 @@ def _versions(host: dict[str, Any]) -> str:
     )
     others = {k: v for k, v in (host.get("packages") or {}).items() if k not in ("vllm", "lmcache")}
     parts += [f"{k} {v}" for k, v in others.items()]
-    return ", ".join(parts)
+    return printable(", ".join(parts), one_line=True)
 
 
 def _config_yaml(config: dict[str, Any]) -> str:
-    return yaml.safe_dump(config, sort_keys=True, default_flow_style=False).rstrip()
+    return printable(yaml.safe_dump(config, sort_keys=True, default_flow_style=False).rstrip())
+
+
+def _command(view: dict[str, Any]) -> str:
+    return printable(view.get("exec_start"), one_line=True)
+
+
+def _environment(view: dict[str, Any]) -> str:
+    env = " ".join(f"{k}={v}" for k, v in sorted(view["environment"].items()))
+    return printable(env, one_line=True)
 
 
 def deploy_markdown(deploy: dict[str, Any]) -> list[str]:
@@ -75,9 +91,9 @@ def deploy_markdown(deploy: dict[str, Any]) -> list[str]:
             f"{arm['deploys']} deploy(s), {arm['failed']} failed; last: {arm['last_status']}.",
         ]
         for host, view in arm["deployed"].items():
-            out += ["", f"- `{host}`: {_versions(view)}", f"- command: `{view.get('exec_start')}`"]
-            env = " ".join(f"{k}={v}" for k, v in sorted(view["environment"].items()))
-            out += [f"- environment: `{env}`"]
+            name = printable(host, one_line=True)
+            out += ["", f"- `{name}`: {_versions(view)}", f"- command: `{_command(view)}`"]
+            out += [f"- environment: `{_environment(view)}`"]
             if view["kv_transfer_config"]:
                 out += [f"- connector: `{json.dumps(view['kv_transfer_config'])}`"]
             if view["lmcache_config"]:
@@ -101,11 +117,10 @@ def deploy_html(deploy: dict[str, Any]) -> list[str]:
             f"deploy(s), {arm['failed']} failed; last: {e(arm['last_status'])}.</p><ul>"
         )
         for host, view in arm["deployed"].items():
-            env = " ".join(f"{k}={v}" for k, v in sorted(view["environment"].items()))
             parts += [
-                f"<li><code>{e(host)}</code>: {e(_versions(view))}</li>",
-                f"<li>command: <code>{e(str(view.get('exec_start')))}</code></li>",
-                f"<li>environment: <code>{e(env)}</code></li>",
+                f"<li><code>{e(printable(host))}</code>: {e(_versions(view))}</li>",
+                f"<li>command: <code>{e(_command(view))}</code></li>",
+                f"<li>environment: <code>{e(_environment(view))}</code></li>",
             ]
             if view["kv_transfer_config"]:
                 connector = json.dumps(view["kv_transfer_config"])

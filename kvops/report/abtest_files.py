@@ -4,6 +4,10 @@ The Markdown and HTML carry the same content (HTML is for sharing with people wh
 a .md): verdicts, every compared metric with its 95% CI, the arms' self-descriptions, with
 --deploy what each arm's deploys put on the host, the warnings and the client's health, with the
 plots beside them.
+
+The servers wrote part of it (each arm's version, models and cache configuration, the warnings
+quoting them): that text goes through `host_text.printable` as one line, so a control
+character or a newline cannot forge a line of the report, and through `html.escape` in HTML.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from kvops.abtest.result_types import RunResults
 from kvops.report.abtest_deploy import deploy_html, deploy_markdown
 from kvops.report.abtest_plots import write_plots
 from kvops.report.abtest_table import fmt_num, fmt_pct, protocol_line
+from kvops.report.host_text import printable
 from kvops.workload.record import RequestRecord
 
 
@@ -50,10 +55,14 @@ _HEAD = ["metric", "baseline", "candidate", "Δ", "95% CI", "verdict", "resample
 
 
 def _arm_lines(doc: RunResults) -> list[str]:
+    """One line per arm, as the arm's server described itself (so: `printable`, one line)."""
     return [
-        f"{a.name}: {a.url} — version {a.version}, model "
-        f"{(a.models or ['?'])[0]}, max_model_len {a.max_model_len}"
-        + kv_memory_note(a.cache_config or {})
+        printable(
+            f"{a.name}: {a.url} — version {a.version}, model "
+            f"{(a.models or ['?'])[0]}, max_model_len {a.max_model_len}"
+            + kv_memory_note(a.cache_config or {}),
+            one_line=True,
+        )
         for a in doc.arms
     ]
 
@@ -85,7 +94,7 @@ def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:
     if doc.deploy:
         out += ["", *deploy_markdown(doc.deploy)]
     if doc.warnings:
-        out += ["", "## Warnings", ""] + [f"- {w}" for w in doc.warnings]
+        out += ["", "## Warnings", ""] + [f"- {printable(w, one_line=True)}" for w in doc.warnings]
     for name, sc in doc.scenarios.items():
         out += ["", f"## {name}: offload {sc.verdict}", "", f"({protocol_line(doc, sc)})", ""]
         out += ["| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
@@ -126,7 +135,8 @@ def to_html(doc: RunResults, plots: list[Path], note: str | None) -> str:
     if doc.deploy:
         parts += deploy_html(doc.deploy)
     if doc.warnings:
-        parts += ["<h2>Warnings</h2><ul>", *[f"<li>{e(w)}</li>" for w in doc.warnings], "</ul>"]
+        warnings = [f"<li>{e(printable(w))}</li>" for w in doc.warnings]
+        parts += ["<h2>Warnings</h2><ul>", *warnings, "</ul>"]
     for name, sc in doc.scenarios.items():
         v = e(sc.verdict)
         parts.append(f"<h2>{e(name)}: offload <span class='{v}'>{v}</span></h2>")

@@ -2,6 +2,9 @@
 
 Why one table: `--scenario all` exists to show the three outcomes side by side; the operator
 reads the verdict column first and the confidence intervals second.
+
+The servers wrote part of what is shown (the warnings quote their versions, models and cache
+configuration), so every name and message goes into rich markup through `host_text.markup`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvops.abtest.result_types import Prediction, RunResults, ScenarioResult
+from kvops.report.host_text import markup
 
 TABLE_METRICS = (
     ("total_token_throughput_tok_s", "total tok/s"),
@@ -41,8 +45,8 @@ def render_table(doc: RunResults, console: Console) -> None:
     table.add_column("scenario")
     table.add_column("metric")
     for a in arm_names:
-        table.add_column(a, justify="right")
-    table.add_column("Δ vs " + base, justify="right")
+        table.add_column(markup(a), justify="right")
+    table.add_column("Δ vs " + markup(base), justify="right")
     table.add_column("95% CI", justify="right")
     table.add_column("verdict")
     for name, sc in doc.scenarios.items():
@@ -52,7 +56,7 @@ def render_table(doc: RunResults, console: Console) -> None:
             c = sc.comparison(metric, cand) if cand else None
             verdict = c.verdict if c else ""
             table.add_row(
-                f"[bold]{name}[/]" if first else "",
+                f"[bold]{markup(name)}[/]" if first else "",
                 label,
                 *[
                     fmt_num(sc.arms[a].metrics.value(metric) if a in sc.arms else None)
@@ -70,9 +74,9 @@ def render_table(doc: RunResults, console: Console) -> None:
         errs = ", ".join(f"{a} {sc.arms[a].errors_total}" for a in arms)
         share = ", ".join(f"{a} {_share(sc.arms[a].metrics.cached_token_share)}" for a in arms)
         style = _STYLE.get(sc.verdict, "bold")
+        detail = markup(f"errors: {errs}; cached-token share: {share}; {protocol_line(doc, sc)}")
         console.print(
-            f"{name}: offload [{style}]{sc.verdict}[/]  [dim](errors: {errs}; "
-            f"cached-token share: {share}; {protocol_line(doc, sc)})[/]"
+            f"{markup(name)}: offload [{style}]{markup(sc.verdict)}[/]  [dim]({detail})[/]"
         )
     _prediction_lines(doc.model_prediction or {}, arm_names, console)
     client = doc.client
@@ -82,15 +86,15 @@ def render_table(doc: RunResults, console: Console) -> None:
     )
     if client.bottleneck:
         console.print(f"[bold yellow]{line} — the client was the bottleneck: "
-                      f"{client.bottleneck_reason}[/]")  # fmt: skip
+                      f"{markup(client.bottleneck_reason)}[/]")  # fmt: skip
     else:
         console.print(f"[dim]{line} — not a bottleneck[/]")
     for w in doc.warnings:
-        console.print(f"[bold yellow]warning:[/] {w}")
+        console.print(f"[bold yellow]warning:[/] {markup(w)}")
     if doc.status != "complete":
-        console.print(f"[bold yellow]run {doc.status}: figures cover what completed[/]")
+        console.print(f"[bold yellow]run {markup(doc.status)}: figures cover what completed[/]")
     if doc.status_detail:
-        console.print(f"[bold red]{doc.status_detail}: its verdicts are void[/]")
+        console.print(f"[bold red]{markup(doc.status_detail)}: its verdicts are void[/]")
 
 
 # The model predicts only these figures (kvops.abtest.result_types.PredictedFigures).
@@ -114,7 +118,8 @@ def _prediction_lines(prediction: Prediction, arm_names: list[str], console: Con
             if b and c is not None:
                 parts.append(f"{label} {fmt_num(b)} → {fmt_num(c)} ({fmt_pct(100 * (c / b - 1))})")
         if parts:
-            console.print(f"[dim]{name}: the model predicts {base} → {cand}: {'; '.join(parts)}[/]")
+            said = markup(f"{name}: the model predicts {base} → {cand}: {'; '.join(parts)}")
+            console.print(f"[dim]{said}[/]")
 
 
 def protocol_line(doc: RunResults, sc: ScenarioResult) -> str:

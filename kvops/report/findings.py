@@ -3,6 +3,10 @@
 JUnit has one testcase per host x check id (classname = host), so CI shows which check broke
 on which host: FAIL → <failure>, SKIP → <skipped>, WARN → passes with the message in
 <system-out> (a warning must not break a pipeline, but must stay visible).
+
+Every string here may come from a host (its name, the messages and excerpts quoting its
+evidence), so it goes through `kvops.report.host_text` first: shown as text in rich (never
+parsed as markup), its control characters escaped in every format.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from rich.text import Text
 
 from kvops.checks import Finding, Severity
 from kvops.checks.fleet import FleetResult, worst
+from kvops.report.host_text import markup, printable
 
 STYLE = {
     Severity.PASS: "green",
@@ -34,7 +39,7 @@ def host_table(
     `problems_only` keeps FAIL/WARN rows so a large fleet's output stays readable."""
     status = worst(f.severity for f in findings)
     table = Table(
-        title=Text.assemble(f"{host}  ", (str(status), STYLE[status])),
+        title=Text.assemble(f"{printable(host, one_line=True)}  ", (str(status), STYLE[status])),
         title_justify="left",
         show_lines=verbose,
     )
@@ -48,11 +53,11 @@ def host_table(
             continue
         message = item.message + (f"\n{item.evidence}" if verbose and item.evidence else "")
         table.add_row(
-            item.check_id,
+            markup(item.check_id),
             Text(str(item.severity), style=STYLE[item.severity]),
-            item.title,
-            message,
-            item.remedy,
+            markup(item.title, one_line=False),
+            markup(message, one_line=False),
+            markup(item.remedy, one_line=False),
         )
     return table
 
@@ -65,7 +70,7 @@ def summary_table(result: FleetResult) -> Table:
         status = result.host_status(host)
         counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
         table.add_row(
-            host,
+            markup(host),
             Text(str(status), style=STYLE[status]),
             *(str(counts[s]) for s in (Severity.FAIL, Severity.WARN, Severity.PASS, Severity.SKIP)),
         )
@@ -100,28 +105,31 @@ def _merge(findings: Iterable[Finding]) -> dict[str, list[Finding]]:
 
 def to_junit(result: FleetResult, suite_name: str = "kvops-validate") -> str:
     suites = ET.Element("testsuites", name=suite_name)
-    for host, findings in result.findings.items():
+    for raw_host, findings in result.findings.items():
+        host = printable(raw_host, one_line=True)
         grouped = _merge(findings)
         suite = ET.SubElement(suites, "testsuite", name=host, tests=str(len(grouped)))
         failures = skipped = 0
         for check_id, items in grouped.items():
             severity = worst(f.severity for f in items)
             case = ET.SubElement(
-                suite, "testcase", classname=host, name=f"{check_id} {items[0].title}"
+                suite, "testcase", classname=host, name=printable(f"{check_id} {items[0].title}")
             )
-            text = "\n".join(
-                f"[{f.severity}] {f.message}" + (f"\n{f.evidence}" if f.evidence else "")
-                for f in items
+            text = printable(
+                "\n".join(
+                    f"[{f.severity}] {f.message}" + (f"\n{f.evidence}" if f.evidence else "")
+                    for f in items
+                )
             )
-            remedies = "; ".join(sorted({f.remedy for f in items if f.remedy}))
+            remedies = printable("; ".join(sorted({f.remedy for f in items if f.remedy})))
             if severity is Severity.FAIL:
                 failures += 1
                 failed = [f for f in items if f.severity is Severity.FAIL]
-                node = ET.SubElement(case, "failure", message=failed[0].message)
+                node = ET.SubElement(case, "failure", message=printable(failed[0].message))
                 node.text = text + (f"\nremedy: {remedies}" if remedies else "")
             elif severity is Severity.SKIP:
                 skipped += 1
-                ET.SubElement(case, "skipped", message=items[0].message)
+                ET.SubElement(case, "skipped", message=printable(items[0].message))
             else:
                 ET.SubElement(case, "system-out").text = text
         suite.set("failures", str(failures))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import os
 import subprocess
 import threading
@@ -39,6 +40,8 @@ from kvops.remote.ssh import (
     known_hosts_for,
     run_ssh,
 )
+
+_log = logging.getLogger(__name__)
 
 
 class HostStatus(StrEnum):
@@ -210,13 +213,48 @@ def probe_fleet(
     forks: int = 8,
     on_result: Callable[[HostResult], None] | None = None,
 ) -> list[HostResult]:
-    """Probe every host with `forks` worker threads; results in inventory order.
+    """Probe every host with `forks` worker threads; results in inventory order, one per host.
 
     Daemon threads (not a ThreadPoolExecutor) so that Ctrl-C ends the run at once instead of
-    waiting for every in-flight host to reach its timeout."""
+    waiting for every in-flight host to reach its timeout.
+
+    Every host ends as a result, whatever the reporting does: `on_result` only reports (it
+    quotes host text, which a hostile host chooses), so its exception keeps the host's own
+    result, the worker goes on to the next host, and the first such failure is logged once
+    (a warning on stderr through logging's last-resort handler where nothing is configured:
+    https://docs.python.org/3/library/logging.html#logging.lastResort). A worker that dies
+    anyway (a BaseException) leaves the hosts it held or would have taken as PROBE_FAILED rows
+    saying so, never as missing rows."""
     results: list[HostResult | None] = [None] * len(hosts)
     queue = iter(list(enumerate(hosts)))
     take, report = threading.Lock(), threading.Lock()
+    report_failed: list[str] = []  # hosts whose report raised; the first one is logged
+
+    def failed(host: InventoryHost, reason: str) -> HostResult:
+        settings = dict(configs.get(host.name, {}).get("settings") or {})
+        return HostResult(
+            host.name,
+            HostStatus.PROBE_FAILED,
+            error_evidence(host.name, settings, reason),
+            reason,
+        )
+
+    def tell(res: HostResult) -> None:
+        if on_result is None:
+            return
+        with report:
+            try:
+                on_result(res)
+            except Exception as exc:  # reporting one host must not cost the others
+                report_failed.append(res.host)
+                if len(report_failed) == 1:
+                    _log.warning(
+                        "kvops: reporting the probe of %s failed (%s: %r); the fleet run "
+                        "goes on and every host stays in the results",
+                        res.host,
+                        type(exc).__name__,
+                        str(exc),
+                    )
 
     def worker() -> None:
         while True:
@@ -228,18 +266,9 @@ def probe_fleet(
             try:
                 res = probe_host(host, configs[host.name], opts)
             except Exception as exc:  # belt and braces: a host is never silently dropped
-                reason = f"{type(exc).__name__}: {exc}"
-                settings = dict(configs.get(host.name, {}).get("settings") or {})
-                res = HostResult(
-                    host.name,
-                    HostStatus.PROBE_FAILED,
-                    error_evidence(host.name, settings, reason),
-                    reason,
-                )
+                res = failed(host, f"{type(exc).__name__}: {exc}")
             results[index] = res
-            if on_result is not None:
-                with report:
-                    on_result(res)
+            tell(res)
 
     threads = [
         threading.Thread(target=worker, name=f"kvops-probe-{i}", daemon=True)
@@ -250,6 +279,11 @@ def probe_fleet(
     for thread in threads:
         while thread.is_alive():
             thread.join(0.2)  # short joins keep the main thread responsive to Ctrl-C
+    for index, host in enumerate(hosts):
+        if results[index] is None:  # its worker thread died before or while probing it
+            lost = failed(host, f"{host.name} was not probed: its worker thread ended")
+            results[index] = lost
+            tell(lost)
     return [r for r in results if r is not None]
 
 

@@ -22,11 +22,14 @@ from kvops.errors import RC, KvopsError
 from kvops.ontap.target import is_ontap_host
 from kvops.remote.inventory import InventoryHost, load_inventory, probe_options, probe_settings
 from kvops.remote.ssh import SshOptions
+from kvops.report.host_text import markup
 from kvops.validate import ontap as ontap_fleet
 from kvops.validate.collect import HostResult, probe_config, probe_fleet
 from kvops.validate.judge import judge_fleet, load_evidence, save_evidence
 
-Progress = Callable[[str], None]  # one line of rich markup for the operator (stderr)
+# One line of rich markup for the operator (stderr). Whatever in it came from a host or a file
+# (a probe's reason quotes the host's stderr) is escaped by `markup`: shown, never parsed.
+Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def run_validate(req: ValidateRequest, progress: Progress = _quiet) -> ValidateO
         documents = load_evidence(req.from_dir)
         clusters = [d for d in documents if ontap_fleet.is_ontap_document(d)]
         documents = [d for d in documents if not ontap_fleet.is_ontap_document(d)]
-        progress(f"judging {len(documents)} saved evidence documents from {req.from_dir}")
+        progress(f"judging {len(documents)} saved evidence documents from {markup(req.from_dir)}")
     else:
         hosts = load_inventory(
             list(req.inventories), req.limit, list(req.vault_password_files), list(req.vault_ids)
@@ -100,7 +103,7 @@ def run_validate(req: ValidateRequest, progress: Progress = _quiet) -> ValidateO
         documents = [dict(r.evidence) for r in probes]
     if req.save_dir is not None:
         paths = save_evidence(req.save_dir, [*documents, *clusters])
-        progress(f"saved {len(paths)} evidence documents to {req.save_dir}")
+        progress(f"saved {len(paths)} evidence documents to {markup(req.save_dir)}")
     fleet = judge_fleet(
         documents, req.thresholds, req.strict, clusters, addresses, req.ontap_thresholds
     )
@@ -114,7 +117,7 @@ def _probe(
         return []
     for host in hosts:
         for warning in host.warnings:
-            progress(f"[yellow]warning[/] {host.name}: {warning}")
+            progress(f"[yellow]warning[/] {markup(host.name)}: {markup(warning)}")
     gdsio = {"size": req.bench_size or "", "io_size": req.bench_io_size or ""}
     configs = {
         h.name: probe_config(
@@ -134,9 +137,9 @@ def _probe(
 
     def report(res: HostResult) -> None:
         if res.ok:
-            progress(f"  [green]probed[/]  {res.host} ({res.duration_s:.1f} s)")
+            progress(f"  [green]probed[/]  {markup(res.host)} ({res.duration_s:.1f} s)")
         else:
-            progress(f"  [bold red]{res.status}[/]  {res.host}: {res.reason}")
+            progress(f"  [bold red]{res.status}[/]  {markup(res.host)}: {markup(res.reason)}")
 
     try:
         return probe_fleet(hosts, configs, ssh, forks=req.forks, on_result=report)

@@ -1,0 +1,56 @@
+"""Text a host handed us, made safe to show: no terminal control, no markup, valid XML.
+
+Why: a GPU host writes every string in its evidence document (vLLM version, the probe's stderr,
+log excerpts, its own name) and a compromised one chooses them. Printed as they are, an ESC
+sequence moves the operator's cursor and erases other hosts' FAIL rows (ECMA-48 CSI, e.g.
+`ESC [2K` erase line, `ESC [1A` cursor up), U+009B is the same CSI in one byte, a `[/]` in a
+rich markup string raises MarkupError and takes the whole fleet's report with it, and one
+control character makes JUnit XML that every parser rejects (XML 1.0 §2.2 `Char` excludes C0
+controls but TAB, LF, CR: https://www.w3.org/TR/xml/#charsets).
+
+So every renderer passes host-derived text through `printable` first (one rule for terminal,
+JUnit, Markdown, HTML) and, where the text goes into a rich markup string, through `markup`
+(rich's own escape: https://rich.readthedocs.io/en/stable/markup.html#escaping). Ordinary text
+comes out unchanged, byte for byte.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rich.markup import escape
+
+# Replaced wherever they occur: C0 controls but TAB and LF, DEL and the C1 controls (ECMA-48
+# §5: terminals act on them), UTF-16 surrogates (not XML characters, and a lone one cannot be
+# written as UTF-8: json.loads accepts "\ud800"), the XML non-characters U+FFFE/U+FFFF, and
+# the bidirectional overrides that make a terminal show text in another order than it reads
+# (CVE-2021-42574, https://trojansource.codes/).
+_CLASS = "\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff\u202a-\u202e\u2066-\u2069"
+_UNSAFE = re.compile(f"[{_CLASS}]")
+# Also replaced in one-line text: a newline there lets a host forge a line of our own output.
+_UNSAFE_ONE_LINE = re.compile(f"[{_CLASS}\n]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    """The character as Python writes it in a literal (`\\x1b`, `\\r`, `\\u202e`): the reader
+    sees what the host sent, and nothing acts on it."""
+    return repr(match.group())[1:-1]
+
+
+def printable(text: object, *, one_line: bool = False) -> str:
+    """`text` with every control character (LF and TAB kept unless `one_line`) shown as its
+    escape (`ESC` → `\\x1b`). Pure; for any renderer, before its own escaping."""
+    return (_UNSAFE_ONE_LINE if one_line else _UNSAFE).sub(_visible, str(text))
+
+
+def markup(text: object, *, one_line: bool = True) -> str:
+    """`printable` text to embed in a rich markup string: its brackets shown, never parsed."""
+    return escape(printable(text, one_line=one_line))
+
+
+def json_safe(document: str) -> str:
+    """JSON text (from `json.dumps(..., ensure_ascii=False)`) with every character
+    `printable` would escape written as JSON's own `\\uXXXX` escape (RFC 8259 §7): the same
+    document for any parser, nothing a terminal acts on when it is printed. Outside strings
+    JSON text is ASCII structure and LF/TAB whitespace, so only string contents change."""
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", document)
