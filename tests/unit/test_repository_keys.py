@@ -219,9 +219,14 @@ def test_every_cuda_key_default_is_a_full_fingerprint_and_both_are_required() ->
     name = (
         "install-RedHat | Import the CUDA repository's signing key, checked against its fingerprint"
     )
-    rpm_key = _task("nvidia_driver", "install-RedHat.yml", name)
+    imported = _task("nvidia_driver", "install-RedHat.yml", name)  # the block: check, import
+    assert not any("fingerprint" in str(w) for w in imported["when"])  # never skipped
+    rpm_key = _task(
+        "nvidia_driver",
+        "install-RedHat.yml",
+        "install-RedHat | Import the checked CUDA repository key",
+    )
     assert "fingerprint" in rpm_key["ansible.builtin.rpm_key"]
-    assert not any("fingerprint" in str(w) for w in rpm_key["when"])  # never skipped
 
 
 def test_an_unpinned_doca_key_is_allowed_only_with_a_warning() -> None:
@@ -380,6 +385,16 @@ def test_a_key_file_that_could_hide_a_key_is_a_clear_error(text: str, error: str
             "install-Debian | Refuse a DOCA repository key without the pinned fingerprint",
             "rdma_client_doca_repo_key_fingerprint",
         ),
+        (
+            "nvidia_driver",
+            "install-RedHat | Refuse a CUDA repository key without the pinned fingerprint",
+            "nvidia_driver_cuda_repo_key_fingerprint",
+        ),
+        (
+            "rdma_client",
+            "install-RedHat | Refuse a DOCA repository key without the pinned fingerprint",
+            "rdma_client_doca_repo_key_fingerprint",
+        ),
     ],
 )
 def test_the_key_check_refuses_a_key_with_another_fingerprint(
@@ -388,7 +403,7 @@ def test_the_key_check_refuses_a_key_with_another_fingerprint(
     """The apt roles' assert, rendered as Ansible renders it, over the lab key: its own
     fingerprint (spaced, lower case) passes; NVIDIA's, a suffix of it or a key ID does not, nor
     the lab key served with a second key."""
-    assert_task = _task(role, "install-Debian.yml", task)
+    assert_task = _task(role, task.split(" | ")[0] + ".yml", task)
     register = "_nvidia_driver_repo_key" if role == "nvidia_driver" else "_rdma_client_repo_key"
     filters = _filters().FilterModule().filters()
 
