@@ -377,8 +377,8 @@ _ROWS += [  # The ONTAP side (`kvops validate --ontap`, kvops/checks/ontap.py).
         "ONT-020",
         "ontap",
         "Export policy admits the host read-write with sys",
-        "Add the host's storage address to ontap_export_clients (rule rw_rule/ro_rule/superuser "
-        "sys, protocols nfs) and rerun playbooks/ontap.yml.",
+        "Add the host's storage address to ontap_export_clients (rule rw_rule/ro_rule sys, "
+        "superuser none, protocols nfs) and rerun playbooks/ontap.yml.",
     ),
     (
         "ONT-030",

@@ -312,11 +312,20 @@ def check_export(ontap: Mapping[str, Any], mount: HostMount) -> Finding:
         rw_rule = rule.get("rw_rule")
         msg = f"{name} {text.split(':')[0]} gives {addr} read-only access (rw_rule {rw_rule})"
         return finding("ONT-020", Severity.FAIL, msg, text)
-    if not WRITE_FLAVOURS & set(rule.get("superuser") or []):
-        msg = f"{name} admits {addr} read-write, but root is squashed: the GDS dir needs root once"
-        remedy = "Set superuser [sys] on the rule (role ontap_export does), or pre-create the dir."
+    # Root squashed (superuser none) is what ontap_export sets: the service user owns the volume
+    # root and creates the GDS directory. Root access for a host makes its root everyone's.
+    if WRITE_FLAVOURS & set(rule.get("superuser") or []):
+        msg = (
+            f"{name} admits {addr} read-write, and root unsquashed (superuser "
+            f"{rule.get('superuser')}): root on any admitted host is root on the shared volume"
+        )
+        remedy = (
+            "Squash root (ontap_export_superuser: [none], the role's default) and give the volume "
+            "root to the service user (ontap_export_volume_uid/gid)."
+        )
         return finding("ONT-020", Severity.WARN, msg, text, remedy)
-    return finding("ONT-020", Severity.PASS, f"{name} admits {addr} read-write with sys", text)
+    msg = f"{name} admits {addr} read-write with sys, root squashed"
+    return finding("ONT-020", Severity.PASS, msg, text)
 
 
 def check_junction(ontap: Mapping[str, Any], mount: HostMount) -> Finding:

@@ -63,6 +63,8 @@ def inventory(tmp_path: Path, double: OntapRestDouble, **overrides: Any) -> Path
         "ontap_export_aggregate": "aggr1_kv01",
         "ontap_export_size_gib": 1024,
         "ontap_export_clients": ["192.168.10.30", "192.168.10.31"],
+        "ontap_export_volume_uid": 990,
+        "ontap_export_volume_gid": 990,
         "ontap_export_nfs_versions": ["4.1"],
         "ontap_export_pnfs": True,
         "ontap_export_rdma_lifs": ["lif_kv01_rdma", "lif_kv02_rdma"],
@@ -106,7 +108,12 @@ def test_role_converges_then_changes_nothing(double: OntapRestDouble, tmp_path: 
     assert volume["size"] == 1024 * 1024**3
     rules = state["protocols/nfs/export-policies"][0]["rules"]
     assert [c["match"] for c in rules[0]["clients"]] == ["192.168.10.30", "192.168.10.31"]
-    assert (rules[0]["rw_rule"], rules[0]["superuser"]) == (["sys"], ["sys"])
+    # Root squashed by default, and no set-uid or device files whatever a client mounts with.
+    assert (rules[0]["rw_rule"], rules[0]["superuser"]) == (["sys"], ["none"])
+    assert (rules[0]["allow_suid"], rules[0]["allow_device_creation"]) == (False, False)
+    # The volume root belongs to the service user: it, not root, creates the GDS directory.
+    assert (volume["nas"]["uid"], volume["nas"]["gid"]) == (990, 990)
+    assert str(volume["nas"]["unix_permissions"]).lstrip("0") == "755"
     nfs = state["protocols/nfs/services"][0]
     assert nfs["transport"]["rdma_enabled"] is True
     assert nfs["protocol"]["v41_features"]["pnfs_enabled"] is True
@@ -145,8 +152,19 @@ def test_check_diff_writes_nothing_and_shows_the_change(
             "value of ontap_export_nfs_versions must be one or more of: 3, 4.0, 4.1",
         ),
         ({"ontap_export_pnfs": True, "ontap_export_nfs_versions": ["3"]}, "needs '4.1'"),
+        ({"ontap_export_volume_uid": 0}, "ontap_export_volume_uid/gid must be the service user's"),
+        (
+            {"ontap_export_superuser": ["any"]},
+            "value of ontap_export_superuser must be one or more of: none, sys",
+        ),
     ],
-    ids=["client-not-an-address", "unknown-nfs-version", "pnfs-without-4.1"],
+    ids=[
+        "client-not-an-address",
+        "unknown-nfs-version",
+        "pnfs-without-4.1",
+        "volume-root-owned-by-root",
+        "superuser-any",
+    ],
 )
 def test_a_wrong_variable_fails_before_any_write(
     double: OntapRestDouble, tmp_path: Path, override: dict[str, Any], message: str
@@ -155,6 +173,19 @@ def test_a_wrong_variable_fails_before_any_write(
     assert proc.returncode != 0
     assert message in proc.stdout, proc.stdout[-3000:]
     assert double.cluster.writes == []
+
+
+def test_root_is_squashed_unless_the_operator_opts_out(
+    double: OntapRestDouble, tmp_path: Path
+) -> None:
+    proc = play(inventory(tmp_path, double, ontap_export_superuser=["sys"]))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    [rule] = double.cluster.state()["protocols/nfs/export-policies"][0]["rules"]
+    assert rule["superuser"] == ["sys"]
+    again = play(inventory(tmp_path, double))  # back to the default: squashed again
+    assert again.returncode == 0, again.stdout[-4000:]
+    [rule] = double.cluster.state()["protocols/nfs/export-policies"][0]["rules"]
+    assert rule["superuser"] == ["none"]
 
 
 def test_too_old_a_release_fails_before_any_write(pki: DoublePki, tmp_path: Path) -> None:

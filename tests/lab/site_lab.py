@@ -29,7 +29,8 @@ DOCA_VERSION = "2.9.1-1"
 EXPORT = "192.0.2.50:/kvcache"
 MOUNT_PATH = "/mnt/kvcache"
 MOUNT_OPTIONS = (
-    "vers=4.1,proto=rdma,port=20049,hard,rsize=262144,wsize=262144,timeo=600,retrans=2,"
+    "vers=4.1,proto=rdma,port=20049,hard,nosuid,nodev,rsize=262144,wsize=262144,timeo=600,"
+    "retrans=2,"
     "max_connect=16,_netdev"
 )
 # Which host runs which RDMA stack (site_lab_vars.yml): both DOCA-OFED, the GDS stack.

@@ -147,6 +147,50 @@ def test_the_unit_env_file_and_lmcache_yaml_are_what_the_engine_reads(
     assert "LMCACHE_CONFIG_FILE" not in baseline.file(f"/etc/kvops/{SERVICE}.env").content_string
 
 
+def test_secrets_stay_out_of_the_output_the_unit_file_and_the_command_line(
+    deploy_lab: LabHosts, wheel_vars: dict[str, Any], deployed: subprocess.CompletedProcess[str]
+) -> None:
+    """HF_TOKEN (given the old way, in vllm_lmcache_env) and VLLM_API_KEY (vllm_lmcache_secret_env):
+    neither a --check --diff preview nor a real run prints them; they are in the secret
+    environment file (root:vllm 0640) and the engine's environment, not in the unit file, the
+    other environment file or the engine's command line."""
+    token, api_key = "hf_kvopsLabS3cretT0ken", "sk-kvopsLabS3cretApiKey"
+    secrets = {
+        "vllm_lmcache_env": {"HF_TOKEN": token},
+        "vllm_lmcache_secret_env": {"VLLM_API_KEY": api_key},
+    }
+    try:
+        preview = run_deploy(
+            deploy_lab, wheel_vars, check=True, diff=True, limit=OFFLOAD, extra_vars=secrets
+        )
+        assert preview.returncode == 0, explain(preview)
+        assert recap(preview)[OFFLOAD]["changed"] > 0  # the secret file would change ...
+        said = preview.stdout + preview.stderr
+        assert token not in said and api_key not in said  # ... without showing it
+        proc = run_deploy(deploy_lab, wheel_vars, diff=True, limit=OFFLOAD, extra_vars=secrets)
+        assert proc.returncode == 0, explain(proc)
+        said = proc.stdout + proc.stderr
+        assert token not in said and api_key not in said
+        host = deploy_lab.testinfra(OFFLOAD)
+        secret_file = host.file(f"/etc/kvops/{SERVICE}.secret.env")
+        assert (secret_file.user, secret_file.group, secret_file.mode) == ("root", "vllm", 0o640)
+        assert f"HF_TOKEN={token}" in secret_file.content_string.splitlines()
+        assert f"VLLM_API_KEY={api_key}" in secret_file.content_string.splitlines()
+        unit = host.file(f"/etc/systemd/system/{SERVICE}.service").content_string
+        env = host.file(f"/etc/kvops/{SERVICE}.env").content_string
+        for text in (unit, env):
+            assert token not in text and api_key not in text
+        pid = host.file(f"/run/kvops-test-doubles/systemd/{SERVICE}.service.pid").content_string
+        pid = pid.split()[0]
+        cmdline = host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+        assert "sim serve" in cmdline and api_key not in cmdline and token not in cmdline
+        environ = host.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ").splitlines()
+        assert f"VLLM_API_KEY={api_key}" in environ  # where vLLM reads it (vllm/envs.py)
+    finally:
+        restored = run_deploy(deploy_lab, wheel_vars, limit=OFFLOAD)
+        assert restored.returncode == 0, explain(restored)
+
+
 def test_offload_writes_chunk_files_and_baseline_does_not(
     deploy_lab: LabHosts, deployed: subprocess.CompletedProcess[str]
 ) -> None:

@@ -44,3 +44,28 @@ def test_a_hand_made_tcp_mount_is_unmounted_and_mounted_over_rdma(lab: LabHosts)
     again = run_site(lab, "--tags", "nfs_rdma_mount", limit=name)
     assert again.returncode == 0, explain(again)
     assert changed_tasks(again, name) == [], explain(again)
+
+
+def test_the_service_user_creates_the_gds_directory_where_the_export_root_is_its_own(
+    lab: LabHosts,
+) -> None:
+    """With root squashed (ontap_export's default) only the owner of the volume root, the service
+    uid, may create in it: the role then creates the GDS directory as that user (sudo -u vllm to
+    a nologin account), not as root. The lab has no root squash; the export's root is given to
+    uid 990 as ontap_export gives it on the volume."""
+    converged(lab)
+    name = converge_hosts(lab)[0]
+    gds = f"{MOUNT_PATH}/gds"
+    lab.ssh(name, ["rm", "-rf", gds], sudo=True)
+    lab.ssh(name, ["chown", "990:990", MOUNT_PATH], sudo=True)
+    try:
+        proc = run_site(lab, "--tags", "nfs_rdma_mount", "-vvv", limit=name)
+        assert proc.returncode == 0, explain(proc)
+        stat = lab.ssh(name, ["stat", "-c", "%u %g %a", gds], sudo=True).stdout.split()
+        assert stat == ["990", "990", "750"]
+        # Ansible's become command for that task: sudo to the service user (-vvv shows it).
+        assert "-u vllm /bin/sh -c" in proc.stdout, explain(proc)
+        again = run_site(lab, "--tags", "nfs_rdma_mount", limit=name)
+        assert again.returncode == 0 and changed_tasks(again, name) == [], explain(again)
+    finally:
+        lab.ssh(name, ["chown", "0:0", MOUNT_PATH], sudo=True)

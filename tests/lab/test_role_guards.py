@@ -153,6 +153,55 @@ def test_a_repository_key_with_another_fingerprint_is_refused_before_the_reposit
     assert not _installed(guard, "nvidia-driver-580-open")
 
 
+def _another_key(home: Path) -> tuple[str, bytes, bytes]:
+    """A second real signing key made here: its fingerprint, binary and armored exports."""
+    if shutil.which("gpg") is None:
+        unavailable("gpg is missing (as root, `scripts/system-deps.sh` installs it)")
+    home.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(home)}
+
+    def gpg(*argv: str) -> bytes:
+        return subprocess.run(
+            ["gpg", "--batch", *argv], env=env, capture_output=True, check=True
+        ).stdout
+
+    try:
+        gpg("--passphrase", "", "--quick-gen-key", "not the vendor <x@example.invalid>",
+            "ed25519", "sign", "never")  # fmt: skip
+        colons = gpg("--with-colons", "--list-keys").decode().splitlines()
+        fingerprint = next(line.split(":")[9] for line in colons if line.startswith("fpr:"))
+        return fingerprint, gpg("--export", fingerprint), gpg("--armor", "--export", fingerprint)
+    finally:
+        subprocess.run(["gpgconf", "--kill", "all"], env=env, check=False, capture_output=True)
+
+
+def test_a_repository_key_file_with_a_second_key_is_refused(
+    guard: LabHosts, tmp_path: Path
+) -> None:
+    """The pinned key served together with another key (apt would trust both): the CUDA key as
+    two armored blocks, DOCA's as one binary keyring of two keys. Both roles refuse, naming both
+    fingerprints, and add neither the repository nor the key."""
+    other, binary, armored = _another_key(tmp_path / "gnupg")
+    served = tmp_path / "served"
+    served.mkdir()
+    files = HERE / "files"
+    (served / "lab-repo-key.asc").write_bytes((files / "lab-repo-key.asc").read_bytes() + armored)
+    (served / "lab-repo-key.gpg").write_bytes((files / "lab-repo-key.gpg").read_bytes() + binary)
+    server, url = serve_directory(served, guard.gateway_ip)
+    try:
+        pinned = _managed_repos(url, LAB_KEY_FINGERPRINT)
+        for role, name in (("nvidia_driver", "CUDA"), ("rdma_client", "DOCA")):
+            proc = run_role(guard, tmp_path, role, limit=HOST, extra_vars=pinned)
+            assert proc.returncode != 0, explain(proc)
+            msg = failure_messages(proc)
+            assert f"has fingerprint(s) {LAB_KEY_FINGERPRINT}, {other}, not the pinned" in msg, msg
+            assert f"the {name} repository was not added" in msg, msg
+    finally:
+        server.shutdown()
+    for path in (*_REPO_FILES, "/etc/apt/keyrings/cuda.asc", *_DOCA_KEYRINGS):
+        assert guard.ssh(HOST, ["test", "-e", path], check=False).returncode != 0, path
+
+
 def test_nvidia_fs_refuses_to_install_before_the_rdma_stack(
     guard: LabHosts, tmp_path: Path
 ) -> None:

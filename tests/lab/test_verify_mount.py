@@ -20,6 +20,8 @@ def test_fstab_line(lab: LabHosts, name: str) -> None:
     assert ours == [[EXPORT, MOUNT_PATH, "nfs", MOUNT_OPTIONS, "0", "0"]], fstab
     opts = ours[0][3].split(",")
     assert {"proto=rdma", "port=20049", "vers=4.1", "hard"} <= set(opts)
+    # The export is shared by every host: no set-uid or device file on it acts here.
+    assert {"nosuid", "nodev"} <= set(opts)
     assert not any(o.startswith("proto=tcp") for o in opts)
 
 
@@ -32,7 +34,7 @@ def test_mounted_through_mount_nfs_with_the_rdma_options(lab: LabHosts, name: st
     mounts = lab.ssh(name, ["/usr/share/kvops-test-doubles/bin/proc-mounts"]).stdout
     ours = [ln.split() for ln in mounts.splitlines() if f" {MOUNT_PATH} " in ln]
     assert ours and ours[0][0] == EXPORT and ours[0][2] == "nfs4"
-    assert {"vers=4.1", "proto=rdma", "port=20049"} <= set(ours[0][3].split(","))
+    assert {"vers=4.1", "proto=rdma", "port=20049", "nosuid", "nodev"} <= set(ours[0][3].split(","))
 
 
 def test_gds_directory_belongs_to_the_service_user(lab: LabHosts, name: str) -> None:

@@ -32,6 +32,18 @@ def test_soft_small_v42_mount_warns() -> None:
     assert severity == "WARN" and "rsize=32768" in message
 
 
+def test_a_nosuid_nodev_mount_passes_every_mount_check() -> None:
+    """nfs_rdma_mount mounts the shared export nosuid,nodev (the kernel lists them before
+    relatime): validate judges that mount as it judged it without them."""
+    line = (
+        "192.0.2.10:/kvcache /mnt nfs4 rw,nosuid,nodev,relatime,vers=4.1,rsize=262144,"
+        "wsize=262144,namlen=255,hard,proto=rdma,port=20049,timeo=600,retrans=2,sec=sys 0 0\n"
+    )
+    doc = edited(mounts=mounts(line))
+    for check_id in ("GDS-020", "GDS-021", "GDS-022", "GDS-023", "GDS-024"):
+        assert findings_for(doc, check_id)[0][0] == "PASS", check_id
+
+
 def test_rpcrdma_missing_fails() -> None:
     doc = edited(modules=file_item("/proc/modules", "nvidia_fs 1 0 - Live 0x0\n"))
     assert findings_for(doc, "GDS-025")[0][0] == "FAIL"

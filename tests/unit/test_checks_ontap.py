@@ -42,7 +42,7 @@ def rule(index: int, match: str, rw: str = "sys", protocols: str = "nfs") -> dic
         "protocols": [protocols],
         "ro_rule": ["sys"],
         "rw_rule": [rw],
-        "superuser": ["sys"],
+        "superuser": ["none"],
     }
 
 
@@ -50,8 +50,16 @@ def test_a_subnet_rule_admits_the_host() -> None:
     found = check_export(ontap([rule(1, "10.1.2.0/24")]), mount())
     assert (str(found.severity), found.message) == (
         "PASS",
-        "kv admits 10.1.2.3 read-write with sys",
+        "kv admits 10.1.2.3 read-write with sys, root squashed",
     )
+
+
+def test_root_access_for_the_hosts_warns() -> None:
+    """superuser sys: root on one GPU host is root on the volume every host shares."""
+    unsquashed = {**rule(1, "10.1.2.0/24"), "superuser": ["sys"]}
+    found = check_export(ontap([unsquashed]), mount())
+    assert str(found.severity) == "WARN" and "root on any admitted host" in found.message
+    assert "ontap_export_superuser" in str(found.remedy)
 
 
 def test_the_first_matching_rule_decides_even_if_a_later_one_is_read_write() -> None:

@@ -219,9 +219,14 @@ def test_every_cuda_key_default_is_a_full_fingerprint_and_both_are_required() ->
     name = (
         "install-RedHat | Import the CUDA repository's signing key, checked against its fingerprint"
     )
-    rpm_key = _task("nvidia_driver", "install-RedHat.yml", name)
+    imported = _task("nvidia_driver", "install-RedHat.yml", name)  # the block: check, import
+    assert not any("fingerprint" in str(w) for w in imported["when"])  # never skipped
+    rpm_key = _task(
+        "nvidia_driver",
+        "install-RedHat.yml",
+        "install-RedHat | Import the checked CUDA repository key",
+    )
     assert "fingerprint" in rpm_key["ansible.builtin.rpm_key"]
-    assert not any("fingerprint" in str(w) for w in rpm_key["when"])  # never skipped
 
 
 def test_an_unpinned_doca_key_is_allowed_only_with_a_warning() -> None:
@@ -278,6 +283,95 @@ def test_a_download_that_is_no_key_is_a_clear_error(data: bytes, error: str) -> 
         _filters().openpgp_fingerprints("*not base64*", "base64")
 
 
+def _other_key() -> tuple[bytes, str]:
+    """A second v4 primary key (the lab key's packet with its last byte changed: another key
+    body, so another fingerprint) as a binary key packet, and its fingerprint."""
+    f = _filters()
+    [(_, body), *_] = f._packets(LAB_KEYRING.read_bytes())
+    changed = body[:-1] + bytes([body[-1] ^ 1])
+    packet = bytes([0xC6, len(changed)]) + changed
+    [fingerprint] = f.openpgp_fingerprints(_armor(packet))
+    assert fingerprint != LAB_KEY_FINGERPRINT
+    return packet, fingerprint
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_a_second_key_in_a_binary_keyring_is_listed_and_refused() -> None:
+    """DOCA's path: a served binary keyring with the pinned key AND another one (gpg --export of
+    two keys, concatenated packets) names both, and the pin does not hold."""
+    f = _filters()
+    other, other_fpr = _other_key()
+    for data in (LAB_KEYRING.read_bytes() + other, other + LAB_KEYRING.read_bytes()):
+        fingerprints = f.openpgp_fingerprints(_b64(data), "base64")
+        assert sorted(fingerprints) == sorted([LAB_KEY_FINGERPRINT, other_fpr])
+        assert not f.openpgp_only_key(fingerprints, LAB_KEY_FINGERPRINT)
+    alone = f.openpgp_fingerprints(_b64(LAB_KEYRING.read_bytes()), "base64")
+    assert f.openpgp_only_key(alone, LAB_KEY_FINGERPRINT.lower())
+
+
+def test_a_second_armored_block_is_listed_and_refused() -> None:
+    """CUDA's path (text) and DOCA's (slurp of an armored file): the second block was not even
+    read before; now both blocks' keys are listed."""
+    f = _filters()
+    other, other_fpr = _other_key()
+    text = LAB_KEY.read_text().strip() + "\n" + _armor(other) + "\n"
+    assert f.openpgp_fingerprints(text) == [LAB_KEY_FINGERPRINT, other_fpr]
+    assert f.openpgp_fingerprints(_b64(text.encode()), "base64") == [
+        LAB_KEY_FINGERPRINT,
+        other_fpr,
+    ]
+    assert not f.openpgp_only_key(f.openpgp_fingerprints(text), LAB_KEY_FINGERPRINT)
+    # The same key twice is still one key file too many: refused (a vendor never serves that).
+    twice = LAB_KEY.read_text() + LAB_KEY.read_text()
+    assert not f.openpgp_only_key(f.openpgp_fingerprints(twice), LAB_KEY_FINGERPRINT)
+
+
+def test_one_armored_block_with_two_primary_keys_is_refused() -> None:
+    f = _filters()
+    other, other_fpr = _other_key()
+    text = _armor(LAB_KEYRING.read_bytes() + other)
+    assert f.openpgp_fingerprints(text) == [LAB_KEY_FINGERPRINT, other_fpr]
+    assert not f.openpgp_only_key(f.openpgp_fingerprints(text), LAB_KEY_FINGERPRINT)
+
+
+def test_subkeys_of_the_pinned_key_are_still_accepted() -> None:
+    """A subkey (tag 14, RFC 4880 section 5.5.1.2) belongs to the primary key before it: DOCA's
+    and CUDA's keys may carry them, and they are no second key."""
+    f = _filters()
+    other, _ = _other_key()
+    subkey = bytes([0xC0 | 14, len(other) - 2]) + other[2:]
+    for data in (LAB_KEYRING.read_bytes() + subkey, LAB_KEYRING.read_bytes() + subkey * 2):
+        fingerprints = f.openpgp_fingerprints(_armor(data))
+        assert fingerprints == [LAB_KEY_FINGERPRINT]
+        assert f.openpgp_only_key(fingerprints, LAB_KEY_FINGERPRINT)
+        assert f.openpgp_only_key(f.openpgp_fingerprints(_b64(data), "base64"), LAB_KEY_FINGERPRINT)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        # Another armor type may hide keys a reader imports: refused, not skipped.
+        (
+            LAB_KEY.read_text().replace("PUBLIC KEY BLOCK", "PRIVATE KEY BLOCK"),
+            "not an ASCII-armored OpenPGP public key",
+        ),
+        (
+            LAB_KEY.read_text() + "-----BEGIN PGP PRIVATE KEY BLOCK-----\n",
+            "armored block other than a public key",
+        ),
+        (LAB_KEY.read_text() + "\nxyz\n", "data outside its armored blocks"),
+        (LAB_KEY.read_text().replace("-----END PGP PUBLIC KEY BLOCK-----", ""), "without its"),
+        (_armor(bytes([0xC5, 3]) + b"\x04ab"), "holds a secret key"),
+    ],
+)
+def test_a_key_file_that_could_hide_a_key_is_a_clear_error(text: str, error: str) -> None:
+    with pytest.raises(AnsibleFilterError, match=error):
+        _filters().openpgp_fingerprints(text)
+
+
 @pytest.mark.parametrize(
     ("role", "task", "pin_var"),
     [
@@ -291,19 +385,30 @@ def test_a_download_that_is_no_key_is_a_clear_error(data: bytes, error: str) -> 
             "install-Debian | Refuse a DOCA repository key without the pinned fingerprint",
             "rdma_client_doca_repo_key_fingerprint",
         ),
+        (
+            "nvidia_driver",
+            "install-RedHat | Refuse a CUDA repository key without the pinned fingerprint",
+            "nvidia_driver_cuda_repo_key_fingerprint",
+        ),
+        (
+            "rdma_client",
+            "install-RedHat | Refuse a DOCA repository key without the pinned fingerprint",
+            "rdma_client_doca_repo_key_fingerprint",
+        ),
     ],
 )
 def test_the_key_check_refuses_a_key_with_another_fingerprint(
     role: str, task: str, pin_var: str
 ) -> None:
     """The apt roles' assert, rendered as Ansible renders it, over the lab key: its own
-    fingerprint (spaced, lower case) passes; NVIDIA's, a suffix of it or a key ID does not."""
-    assert_task = _task(role, "install-Debian.yml", task)
+    fingerprint (spaced, lower case) passes; NVIDIA's, a suffix of it or a key ID does not, nor
+    the lab key served with a second key."""
+    assert_task = _task(role, task.split(" | ")[0] + ".yml", task)
     register = "_nvidia_driver_repo_key" if role == "nvidia_driver" else "_rdma_client_repo_key"
     filters = _filters().FilterModule().filters()
 
-    def passes(pin: str) -> bool:
-        fingerprints = filters["openpgp_fingerprints"](LAB_KEY.read_text())
+    def passes(pin: str, key: str = LAB_KEY.read_text()) -> bool:
+        fingerprints = filters["openpgp_fingerprints"](key)
         local = {
             k: re.sub(
                 rf"{register}\.content \| openpgp_fingerprints(\('base64'\))?", "_fps", v
@@ -324,3 +429,7 @@ def test_the_key_check_refuses_a_key_with_another_fingerprint(
     assert passes(spaced)
     assert not passes("EB693B3035CD5710E231E123A4B469963BF863CC")
     assert not passes(LAB_KEY_FINGERPRINT[-16:])  # a long key ID is not the fingerprint
+    # The pinned key beside another one: refused (before, "the pin is among them" passed).
+    other, _ = _other_key()
+    assert not passes(LAB_KEY_FINGERPRINT, _armor(LAB_KEYRING.read_bytes() + other))
+    assert not passes(LAB_KEY_FINGERPRINT, LAB_KEY.read_text() + _armor(other))

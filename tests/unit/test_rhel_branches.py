@@ -178,9 +178,21 @@ def test_the_driver_install_comes_after_its_build_and_repository_prerequisites(
         "@nvidia-driver:580-open",
         "nvidia-persistenced",
     ]
-    key = by_name[order[4]]["ansible.builtin.rpm_key"]
+    # The key is downloaded, checked to be the pinned key ALONE, and those bytes imported (rpm_key's
+    # own check only asks that the pin be among the file's keys); the repository names no gpgkey.
+    steps = {t["name"]: t for t in by_name[order[4]]["block"]}
+    download = steps["install-RedHat | Download the CUDA repository's signing key"]
+    assert _render(download["ansible.builtin.get_url"]["url"], variables).endswith(
+        "/repos/rhel9/x86_64/D42D0685.pub"
+    )
+    check = steps["install-RedHat | Refuse a CUDA repository key without the pinned fingerprint"]
+    assert "openpgp_only_key" in check["ansible.builtin.assert"]["that"][0]
+    key = steps["install-RedHat | Import the checked CUDA repository key"][
+        "ansible.builtin.rpm_key"
+    ]
     assert _render(key["fingerprint"], variables) == "610C7B14E068A878070DA4E99CD0A493D42D0685"
-    assert _render(key["key"], variables).endswith("/repos/rhel9/x86_64/D42D0685.pub")
+    assert key["key"] == "{{ _nvidia_driver_key_download.path }}"
+    assert "gpgkey" not in by_name[order[5]]["ansible.builtin.yum_repository"]
     locked = _render(by_name[order[7]]["community.general.dnf_versionlock"]["name"], variables)
     assert "kmod-nvidia-open-dkms" in locked and "nvidia-driver" in locked
 
@@ -233,3 +245,16 @@ def test_the_doca_key_is_imported_before_its_repository_and_the_stack(
     ]
     url = _render("{{ rdma_client_doca_repo_url | trim }}", variables)
     assert url == "https://linux.mellanox.com/public/repo/doca/3.1.0/rhel9.4/x86_64/"
+    # Pinned: the repository names no gpgkey URL, so dnf can import no key but the checked one.
+    [repo] = [
+        t for t in _tasks("rdma_client", "install-RedHat.yml")
+        if t["name"] == "install-RedHat | Configure the DOCA dnf repository"
+    ]  # fmt: skip
+    gpgkey = _render(
+        repo["ansible.builtin.yum_repository"]["gpgkey"], {**variables, "omit": "OMIT"}
+    )
+    assert gpgkey == (
+        "OMIT"
+        if fingerprint
+        else "https://linux.mellanox.com/public/repo/doca/GPG-KEY-Mellanox.pub"
+    )

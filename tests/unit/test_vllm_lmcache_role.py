@@ -213,3 +213,119 @@ def test_readme_and_argument_specs_document_every_default_as_it_is() -> None:
             assert shown == f"`{json.dumps(value)}`", name
         else:
             assert shown == "see defaults/main.yml", name
+
+
+SECRETS = {"HF_TOKEN": "hf_s3cr3t-token", "VLLM_API_KEY": "sk-s3cr3t-api-key"}
+
+
+def _unit_file(**role_vars: Any) -> str:
+    text = (ROLE / "templates" / "vllm.service.j2").read_text()
+    return str(_render(text, ansible_managed="managed", **MODEL, **role_vars))
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        # The old way (vllm_lmcache_env with a vault value): routed by the name.
+        {"vllm_lmcache_env": {**SECRETS, "LMCACHE_LOG_LEVEL": "INFO"}},
+        {"vllm_lmcache_secret_env": SECRETS, "vllm_lmcache_env": {"LMCACHE_LOG_LEVEL": "INFO"}},
+    ],
+)
+def test_secrets_go_only_to_the_secret_environment_file(where: dict[str, Any]) -> None:
+    """HF_TOKEN and VLLM_API_KEY land in the secret file (0640, written with no_log), never in
+    the environment file whose diff is shown, the unit file or the command line (ps)."""
+    for variant in ("baseline", "offload"):
+        role_vars = {"vllm_lmcache_variant": variant, **where}
+        env = _render("{{ _vllm_lmcache_environment }}", **MODEL, **role_vars)
+        secret = _render("{{ _vllm_lmcache_secret_environment }}", **MODEL, **role_vars)
+        assert secret == SECRETS
+        assert env["LMCACHE_LOG_LEVEL"] == "INFO" and not set(SECRETS) & set(env)
+        unit = _unit_file(**role_vars)
+        argv = " ".join(_argv(**role_vars))
+        for value in SECRETS.values():
+            assert value not in unit and value not in argv and value not in json.dumps(env)
+        assert "EnvironmentFile=/etc/kvops/vllm.secret.env" in unit.splitlines()
+        assert (
+            _render("{{ _vllm_lmcache_api_key }}", **MODEL, **role_vars)
+            == (SECRETS["VLLM_API_KEY"])
+        )
+    image = "docker.io/lmcache/vllm-openai@sha256:" + "a" * 64
+    container = _argv(
+        vllm_lmcache_install_method="container", vllm_lmcache_container_image=image, **where
+    )
+    assert "/etc/kvops/vllm.secret.env" in container  # --env-file, not -e KEY=value
+    assert not any(value in " ".join(container) for value in SECRETS.values())
+
+
+def _secret_file_task() -> dict[str, Any]:
+    tasks = yaml.safe_load((ROLE / "tasks" / "present.yml").read_text())
+    [task] = [t for t in tasks if t["name"] == "present | Write the secret environment file"]
+    return dict(task)
+
+
+def test_the_secret_file_is_the_service_groups_only_and_written_with_no_log() -> None:
+    task = _secret_file_task()
+    assert task["no_log"] is True
+    module = task["ansible.builtin.template"]
+    assert (module["owner"], module["mode"]) == ("root", "0640")
+    assert module["group"] == "{{ vllm_lmcache_service_group }}"
+
+
+def _all_tasks() -> list[tuple[str, dict[str, Any]]]:
+    def flat(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for t in tasks:
+            out.append(t)
+            for part in ("block", "rescue", "always"):
+                out += flat(t.get(part, []))
+        return out
+
+    return [
+        (path.name, task)
+        for path in sorted((ROLE / "tasks").glob("*.yml"))
+        for task in flat(yaml.safe_load(path.read_text()) or [])
+    ]
+
+
+def test_every_task_whose_args_carry_a_secret_has_no_log() -> None:
+    """A task that renders a secret into its arguments or its diff would print it with -v or
+    --diff: each one has no_log (a template no_log where the secret is optional)."""
+    secret_vars = re.compile(
+        r"\b(_vllm_lmcache_secret_environment|_vllm_lmcache_api_key|vllm_lmcache_secret_env)\b"
+    )
+    carrying = []
+    for file, task in _all_tasks():
+        body = {k: v for k, v in task.items() if k not in ("when", "no_log", "block", "rescue")}
+        expressions = re.findall(r"\{\{.*?\}\}", json.dumps(body))
+        if any(secret_vars.search(e) for e in expressions):
+            carrying.append(task["name"])
+            assert task.get("no_log") is True or "_vllm_lmcache_api_key" in str(
+                task.get("no_log")
+            ), f"{file}: {task['name']}"
+    assert "present | Write the secret environment file" in carrying
+    assert "wait_healthy | Check that the served model is listed" in carrying
+
+
+def _extra_args_rule() -> dict[str, Any]:
+    [task] = [
+        t for f, t in _all_tasks() if t["name"] == "validate | Check the cross-field settings"
+    ]
+    [rule] = [c for c in task["vars"]["_vllm_lmcache_checks"] if "--api-key" in c["msg"]]
+    return dict(rule)
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "ok"),
+    [
+        (["--api-key", "sk-x"], False),
+        (["--api-key=sk-x"], False),
+        (["--hf-token", "hf_x"], False),
+        (["--enable-prefix-caching", "--max-num-seqs", "64"], True),
+        (["--api-key-file-is-not-an-option"], True),
+        ([], True),
+    ],
+)
+def test_a_secret_in_the_extra_args_is_refused(extra_args: list[str], ok: bool) -> None:
+    rule = _extra_args_rule()
+    assert _render(rule["ok"], **MODEL, vllm_lmcache_extra_args=extra_args) is ok
+    assert "vllm_lmcache_secret_env" in rule["msg"]

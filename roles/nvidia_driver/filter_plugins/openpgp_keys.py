@@ -5,6 +5,10 @@ must refuse a downloaded key with another one BEFORE the repository is added; a 
 only gpgv (which cannot list fingerprints), and the check must also run in --check mode.
 nvidia_driver and rdma_client share this file (rdma_client's copy is a link to this one).
 
+A pin is kept only when the file's ONE primary key is the pinned one: every armored block and
+every binary packet is read, and any second primary key refuses the file (apt's Signed-By and
+``rpm --import`` trust every key in it).
+
 A key arrives as the text of an ASCII-armored block (``uri`` ``return_content``: the CUDA keys)
 or as ``slurp``'s base64 of a downloaded file, which may be a binary keyring (DOCA's
 ``doca_keyring.gpg``) or armored; ``openpgp_key_suffix`` names the file suffix apt expects of each
@@ -25,25 +29,51 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 _PUBLIC_KEY_TAG = 6  # primary key packets only: a repository pin names the primary key
+_SECRET_KEY_TAG = 5  # a secret key is a primary key too: no repository key file holds one
+_ARMOR_BEGIN = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
+_ARMOR_END = "-----END PGP PUBLIC KEY BLOCK-----"
 
 
 def _dearmor(text: str) -> bytes:
+    """The packets of EVERY armored block in ``text``, concatenated: a second block is a second
+    keyring that gpg and apt read as well (RFC 4880 section 6.2), so none may go unlisted."""
     lines = [ln.strip() for ln in text.strip().splitlines()]
-    try:
-        start = lines.index("-----BEGIN PGP PUBLIC KEY BLOCK-----")
-        end = lines.index("-----END PGP PUBLIC KEY BLOCK-----", start)
-    except ValueError:
+    if _ARMOR_BEGIN not in lines:
         raise AnsibleFilterError(
             "not an ASCII-armored OpenPGP public key (no BEGIN/END PGP PUBLIC KEY BLOCK lines)"
-        ) from None
-    body = lines[start + 1 : end]
-    if "" in body:  # armor headers ("Version: ...") end at the first blank line
-        body = body[body.index("") + 1 :]
-    data = "".join(ln for ln in body if not ln.startswith("="))  # "=XXXX": the CRC-24 line
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise AnsibleFilterError(f"the OpenPGP key's armor is not valid base64: {exc}") from None
+        )
+    out = b""
+    pos = 0
+    while pos < len(lines):
+        line = lines[pos]
+        if line.startswith("-----BEGIN PGP ") and line != _ARMOR_BEGIN:
+            raise AnsibleFilterError(
+                f"the key file holds an armored block other than a public key: {line}"
+            )
+        if line and line != _ARMOR_BEGIN:
+            # Anything else outside the blocks could be a keyring that another reader finds.
+            raise AnsibleFilterError(
+                f"the key file holds data outside its armored blocks: {line[:40]!r}"
+            )
+        if not line:
+            pos += 1
+            continue
+        try:
+            end = lines.index(_ARMOR_END, pos + 1)
+        except ValueError:
+            raise AnsibleFilterError(f"an armored block without its {_ARMOR_END} line") from None
+        body = lines[pos + 1 : end]
+        if "" in body:  # armor headers ("Version: ...") end at the first blank line
+            body = body[body.index("") + 1 :]
+        data = "".join(ln for ln in body if not ln.startswith("="))  # "=XXXX": the CRC-24 line
+        try:
+            out += base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise AnsibleFilterError(
+                f"the OpenPGP key's armor is not valid base64: {exc}"
+            ) from None
+        pos = end + 1
+    return out
 
 
 def _packets(data: bytes) -> list[tuple[int, bytes]]:
@@ -96,6 +126,8 @@ def _is_armored(data: bytes) -> bool:
 def _fingerprints(data: bytes) -> list[str]:
     fingerprints = []
     for tag, body in _packets(data):
+        if tag == _SECRET_KEY_TAG:
+            raise AnsibleFilterError("the OpenPGP data holds a secret key: not a repository key")
         if tag != _PUBLIC_KEY_TAG:
             continue
         if not body or body[0] != 4:
@@ -109,7 +141,11 @@ def _fingerprints(data: bytes) -> list[str]:
 
 
 def openpgp_fingerprints(key: Any, encoding: str = "text") -> list[str]:
-    """Upper-case hex fingerprints of the primary keys in a key.
+    """Upper-case hex fingerprints of ALL the primary keys in a key file, in file order.
+
+    Every armored block and every packet of a binary keyring counts (subkeys, tag 14, do not:
+    they belong to the primary key before them). apt and rpm trust every primary key of the
+    file, so a pin holds only when this list is exactly ``[pin]`` (see ``openpgp_only_key``).
 
     ``encoding="text"``: ``key`` is an ASCII-armored block. ``encoding="base64"``: ``key`` is the
     base64 of a key file (``slurp``), binary packets or an armored block.
@@ -126,14 +162,27 @@ def openpgp_fingerprints(key: Any, encoding: str = "text") -> list[str]:
     return _fingerprints(_dearmor(key))
 
 
+def openpgp_only_key(fingerprints: Any, pin: str) -> bool:
+    """True when the key file's primary keys (``openpgp_fingerprints``) are the pinned key alone.
+
+    "The pin is among the keys" is no pin: a served file holding the real key and a second one
+    makes apt (Signed-By) and rpm trust both, and the second key signs whatever its holder wants.
+    """
+    if not isinstance(fingerprints, list):
+        raise AnsibleFilterError(
+            f"expected a list of fingerprints, got {type(fingerprints).__name__}"
+        )
+    return [str(f) for f in fingerprints] == [normalize_fingerprint(pin)]
+
+
 def openpgp_key_suffix(slurped: Any) -> str:
-    """".asc" for an armored key file, ".gpg" for a binary keyring: apt reads a Signed-By file by
+    """ ".asc" for an armored key file, ".gpg" for a binary keyring: apt reads a Signed-By file by
     its suffix (sources.list(5)), and a binary keyring named .asc is an unusable key to it."""
     return ".asc" if _is_armored(_slurped(slurped)) else ".gpg"
 
 
 def normalize_fingerprint(value: Any) -> str:
-    """"EB69 3B30 ..." or "0xeb693b30..." -> "EB693B30...": how vendors print them vs ours."""
+    """ "EB69 3B30 ..." or "0xeb693b30..." -> "EB693B30...": how vendors print them vs ours."""
     text = str(value).replace(" ", "").upper()
     return text[2:] if text.startswith("0X") else text
 
@@ -144,4 +193,5 @@ class FilterModule:
             "openpgp_fingerprints": openpgp_fingerprints,
             "normalize_fingerprint": normalize_fingerprint,
             "openpgp_key_suffix": openpgp_key_suffix,
+            "openpgp_only_key": openpgp_only_key,
         }
