@@ -157,10 +157,19 @@ def summarize_dir(
         data["total_bytes"] = vfs.f_blocks * vfs.f_frsize
     except OSError:
         pass
+    data.update(walk_dir(path, walk_s))
+    return data
+
+
+def walk_dir(path: str, walk_s: float) -> Dict[str, Any]:
+    """Chunk files, bytes and temporary files under `path`, walked for at most `walk_s`;
+    `unlisted` names a directory that could not be listed."""
     files = total = walked = tmp_count = 0
     tmp: List[str] = []
+    unlisted: List[str] = []
+    out: Dict[str, Any] = {}
     stop = time.monotonic() + walk_s
-    for root, dirs, names in os.walk(path):
+    for root, dirs, names in os.walk(path, onerror=lambda exc: unlisted.append(str(exc))):
         dirs[:] = [d for d in dirs if not _is_bench_dir(d)]
         for name in names:
             walked += 1
@@ -175,10 +184,22 @@ def summarize_dir(
                 if len(tmp) < TMP_LIST_LIMIT:
                     tmp.append(full)
         if walked >= WALK_LIMIT or time.monotonic() > stop:
-            data["error"] = "directory walk stopped after %d entries (limit or deadline)" % walked
+            out["error"] = "directory walk stopped after %d entries (limit or deadline)" % walked
             break
-    data.update(file_count=files, bytes=total, tmp_file_count=tmp_count, tmp_files=tmp)
-    return data
+    if unlisted:
+        out["unlisted"] = unlisted[0]
+    out.update(file_count=files, bytes=total, tmp_file_count=tmp_count, tmp_files=tmp)
+    return out
+
+
+def _known_user(user: Optional[str]) -> bool:
+    if not user:
+        return False
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        return False
+    return True
 
 
 def _is_bench_dir(name: str) -> bool:
@@ -213,7 +234,19 @@ def gds_dir(
         data = {"exists": None, "is_dir": None, "service_user": service_user}
         error = "GDS directory %s %s" % (path, error)
     else:
-        error = data.pop("error", None)
+        unlisted = data.pop("unlisted", None)
+        if unlisted and _known_user(service_user):
+            # On an export with root squashed (ONTAP `superuser none`) root is nobody there
+            # and cannot list the service's directory: walk it again as the service user,
+            # whose view is LMCache's.
+            left = max(min(budget, p.remaining() - 1.0), 0.5)
+            walk, _ = in_child(lambda: walk_dir(path, left * 0.8), left, as_user=service_user)
+            if walk is not None and not walk.get("unlisted"):
+                data.update(walk, walked_as=service_user)
+                unlisted = None
+        error = data.pop("error", None) or (
+            "cannot list part of %s: %s" % (path, unlisted) if unlisted else None
+        )
     p.structured("gds_dir", KIND_DIR, path, data, error, start)
 
 

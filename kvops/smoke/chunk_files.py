@@ -20,12 +20,18 @@ LMCACHE_SUFFIX = ".kvcache.safetensors"
 LMCACHE_HEADER_BYTES = 4096
 
 
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
 def list_paths(root: str) -> list[str]:
-    """Every finished ``*.safetensors`` under root; empty when root is not a directory."""
+    """Every finished ``*.safetensors`` under root; empty when root is not a directory.
+    Raises OSError for a directory that cannot be listed (an empty answer would read as
+    "nothing stored")."""
     found: list[str] = []
     if not os.path.isdir(root):
         return found
-    for dirpath, _dirs, files in os.walk(root):
+    for dirpath, _dirs, files in os.walk(root, onerror=_raise):
         for name in files:
             if name.endswith(".safetensors") and ".tmp" not in name:
                 found.append(os.path.join(dirpath, name))
@@ -61,12 +67,39 @@ def describe(path: str) -> dict[str, Any]:
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:
-    """The remote entry: {"op": "list", "root": R} or {"op": "describe", "paths": [...]}."""
+    """The remote entry: {"op": "list", "root": R} or {"op": "describe", "paths": [...]};
+    {"error": ...} when the directory cannot be listed."""
     if request.get("op") == "describe":
         return {"files": [describe(str(p)) for p in request.get("paths") or []]}
     root = str(request.get("root") or "")
-    return {"root": root, "is_dir": os.path.isdir(root), "paths": list_paths(root)}
+    try:
+        paths = list_paths(root)
+    except OSError as exc:
+        where = exc.filename or root
+        return {"root": root, "error": f"cannot list {where}: {exc.strerror}"}
+    return {"root": root, "is_dir": os.path.isdir(root), "paths": paths}
+
+
+def become(user: str) -> None:
+    """Read as the inference service's user when run as root: on an export with root squashed
+    (ONTAP's `superuser none`, the role's default) root is nobody there and cannot list the
+    service's directory, while the service user sees exactly what LMCache sees."""
+    if not user or os.geteuid() != 0:
+        return
+    import pwd
+
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        return  # no such user here: read as who we are
+    if pw.pw_uid == 0:
+        return
+    os.setgroups(os.getgrouplist(user, pw.pw_gid))
+    os.setgid(pw.pw_gid)
+    os.setuid(pw.pw_uid)
 
 
 def main(request_json: str) -> None:
-    sys.stdout.write(json.dumps(answer(json.loads(request_json))) + "\n")
+    request = json.loads(request_json)
+    become(str(request.get("as_user") or ""))
+    sys.stdout.write(json.dumps(answer(request)) + "\n")

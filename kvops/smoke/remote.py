@@ -55,6 +55,14 @@ def host_target(
     )
 
 
+def service_user(host: InventoryHost) -> str:
+    """Who the chunk files are read as on the host: the inference service's user, as validate's
+    probe names it (`kvops_service_user`) or the role deploys it (`vllm_lmcache_service_user`)."""
+    return str(
+        host.vars.get("kvops_service_user") or host.vars.get("vllm_lmcache_service_user") or ""
+    )
+
+
 @dataclass(frozen=True)
 class RemoteChunks:
     """The chunk files of ``root`` on ``host``, read over SSH (become as the inventory says)."""
@@ -68,6 +76,7 @@ class RemoteChunks:
         return f"{self.host.name}:{self.root}"
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        request = {**request, "as_user": service_user(self.host)}
         program = f"{_SOURCE}\nmain({json.dumps(json.dumps(request))})\n"
         deadline = time.monotonic() + self.ssh.timeout_s
         try:
@@ -92,7 +101,10 @@ class RemoteChunks:
         return answer
 
     def paths(self) -> set[str]:
-        return set(self._ask({"op": "list", "root": self.root})["paths"])
+        listed = self._ask({"op": "list", "root": self.root})
+        if listed.get("error"):
+            raise SmokeError(f"{self.host.name}: {listed['error']}")
+        return set(listed["paths"])
 
     def details(self, paths: list[str]) -> list[ChunkFile]:
         if not paths:

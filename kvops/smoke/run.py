@@ -166,7 +166,10 @@ async def _settled(server: _Server) -> MetricsSnapshot:
 def list_chunk_files(root: Path) -> set[str]:
     """Every finished `*.safetensors` under root (LMCache GDS chunks or connector files);
     `*.tmp*` files are writes in flight and not counted."""
-    return set(chunk_files.list_paths(str(root)))
+    try:
+        return set(chunk_files.list_paths(str(root)))
+    except OSError as exc:
+        raise SmokeError(f"cannot list {exc.filename or root}: {exc.strerror}") from None
 
 
 def describe_chunk_file(path: str) -> ChunkFile:
