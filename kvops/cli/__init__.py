@@ -59,3 +59,7 @@ main.add_command(sim)
 from kvops.cli.advise import advise  # noqa: E402
 
 main.add_command(advise)
+
+from kvops.cli.gds import gds  # noqa: E402
+
+main.add_command(gds)
