@@ -120,7 +120,7 @@ def main() -> None:
                 f"({run['seconds'] / walk['seconds']:.2f}x a bare walk of "
                 f"{int(walk['files']):,} files, {walk['seconds']:.1f} s); peak RSS "
                 f"{run['peak_rss_kib'] / 1024:.0f} MiB = {run['peak_rss_kib'] / base_kib:.2f}x "
-                f"the reference ({base_kib / 1024:.0f} MiB), +{extra_mib:.1f} MiB "
+                f"the reference ({base_kib / 1024:.0f} MiB), {extra_mib:+.1f} MiB "
                 f"[budget: +64 MiB: {'within' if extra_mib <= 64 else 'OVER'}]"
             )
     finally:
