@@ -84,7 +84,7 @@ def check_compat_mode(ctx: Context) -> list[Finding]:
         source = "libcufile default"
         if config is not None and config.get(f"properties.{key}") is not None:
             value, source = flag(config.get(f"properties.{key}")), "cufile.json"
-        if env_name in env:
+        if env.get(env_name, "").strip():  # an empty variable sets nothing: the file decides
             value, source = env[env_name].strip().lower() in _TRUE, f"env {env_name}"
         values[key] = value
         evidence_lines.append(f"{key} = {value} ({source})")

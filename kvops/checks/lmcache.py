@@ -7,6 +7,7 @@ from kvops import evidence as ev
 from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, finding
 from kvops.checks.rdma_mount import mount_line
+from kvops.parse._common import clip
 from kvops.parse.lmcache_config import LmcacheConfig, buffer_key_for
 
 STABLE_HASHES = frozenset({"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"})
@@ -149,10 +150,16 @@ def check_stable_hash(ctx: Context) -> list[Finding]:
     if env is None:
         return [ctx.skip("GDS-062", ev.VLLM_ENV)]
     seed = env.get("PYTHONHASHSEED")
-    if seed is not None and seed != "random":
-        return [finding("GDS-062", Severity.PASS, f"{algorithm} hash with PYTHONHASHSEED={seed}")]
+    if seed is not None and seed.strip() and seed != "random":
+        shown = clip(seed)
+        return [finding("GDS-062", Severity.PASS, f"{algorithm} hash with PYTHONHASHSEED={shown}")]
+    # CPython: "If this variable is not set or set to random, a random value is used", and an
+    # empty value counts as not set (https://docs.python.org/3/using/cmdline.html#envvar-PYTHONHASHSEED).
+    how = "without PYTHONHASHSEED" if seed is None else f"with PYTHONHASHSEED={seed!r}"
+    if seed is not None and not seed.strip():
+        how += " (empty: Python treats it as unset)"
     msg = (
-        f"{algorithm} hash without PYTHONHASHSEED: chunk keys change at every restart, "
+        f"{algorithm} hash {how}: chunk keys change at every restart, "
         "so stored KV is never found again"
     )
     return [finding("GDS-062", Severity.FAIL, msg)]

@@ -4,6 +4,23 @@ from __future__ import annotations
 
 import re
 
+# What a finding or warning shows of one host value: enough to recognise it, never a whole
+# hostile document (a report is read by people and stored as JSON/JUnit).
+MAX_SHOWN_CHARS = 200
+
+
+def clip(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
+    """`text` cut to `limit` characters, the cut marked with how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[truncated, {len(text)} chars]"
+
+
+def clip_repr(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
+    """repr() of a host value, cut like `clip`."""
+    return clip(repr(value), limit)
+
+
 _PROMPT = re.compile(r"^\s*(\[[^\]]*\]|\S*[@:]\S*\s*|[\w.\-]+)?[$#]\s+\S")
 
 
