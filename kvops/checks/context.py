@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-import yaml
-
 from kvops import evidence as ev
 from kvops.checks.model import Finding, Severity, Thresholds, finding
 from kvops.parse.cufile import CufileConfig, parse_cufile
 from kvops.parse.gdscheck import GdsCheckReport, parse_gdscheck
+from kvops.parse.host_yaml import HostYamlError, load_host_yaml
 from kvops.parse.ip_addr import parse_ip_addr
 from kvops.parse.lmcache_config import LmcacheConfig, effective_lmcache_config
 from kvops.parse.mounts import MountTable, parse_mounts
@@ -266,20 +265,28 @@ class Context:
             raw = _flag(argv, ("--kv-transfer-config", "--kv_transfer_config"))
             if raw is not None:
                 return _json_or_raw(raw), where
-        text = self.text(ev.VLLM_CONFIG_FILE)
-        if text is not None:
-            try:
-                loaded = yaml.safe_load(text)
-            except yaml.YAMLError:
-                loaded = None
-            if isinstance(loaded, dict):
-                for key in ("kv-transfer-config", "kv_transfer_config"):
-                    value = loaded.get(key)
-                    if isinstance(value, dict):
-                        return value, "--config file"
-                    if isinstance(value, str):
-                        return _json_or_raw(value), "--config file"
+        loaded, _ = self.vllm_config_file
+        if loaded is not None:
+            for key in ("kv-transfer-config", "kv_transfer_config"):
+                value = loaded.get(key)
+                if isinstance(value, dict):
+                    return value, "--config file"
+                if isinstance(value, str):
+                    return _json_or_raw(value), "--config file"
         return None, None
+
+    @cached_property
+    def vllm_config_file(self) -> tuple[dict[str, Any] | None, str | None]:
+        """`vllm serve --config` YAML: (mapping, None), or (None, why it was not read) with
+        None for the reason when the file was not collected or is no mapping."""
+        text = self.text(ev.VLLM_CONFIG_FILE)
+        if text is None:
+            return None, None
+        try:
+            loaded = load_host_yaml(text)
+        except HostYamlError as exc:
+            return None, f"{ev.VLLM_CONFIG_FILE}: {exc}"
+        return (loaded if isinstance(loaded, dict) else None), None
 
     @cached_property
     def lmcache_version(self) -> str | None:
