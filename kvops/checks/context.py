@@ -11,6 +11,7 @@ from typing import Any
 
 from kvops import evidence as ev
 from kvops.checks.model import Finding, Severity, Thresholds, finding
+from kvops.parse._common import MAX_LINE_CHARS
 from kvops.parse.cufile import CufileConfig, parse_cufile
 from kvops.parse.gdscheck import GdsCheckReport, parse_gdscheck
 from kvops.parse.host_yaml import HostYamlError, load_host_yaml
@@ -21,7 +22,8 @@ from kvops.parse.nvfs_stats import NvfsStats, parse_nvfs_stats
 from kvops.parse.rdma_tools import GidTable, RdmaNetdevMap, parse_ibdev2netdev, parse_show_gids
 from kvops.parse.topo import TopoMatrix, parse_topo
 
-_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*Gb/sec")
+# Starts only where a digit run starts: from inside a run `\d+` rescans it (quadratic time).
+_RATE = re.compile(r"(?<!\d)(\d+(?:\.\d+)?)\s*Gb/sec")
 
 
 @dataclass
@@ -145,7 +147,7 @@ class Context:
         ports: list[RdmaPort] = []
         for device in _dicts(data.get("devices")):
             for port in _dicts(device.get("ports")):
-                rate = _RATE.search(str(port.get("rate") or ""))
+                rate = _RATE.search(str(port.get("rate") or "")[:MAX_LINE_CHARS])
                 netdevs = port.get("netdevs") or device.get("netdevs")
                 number = port.get("port")
                 ports.append(

@@ -137,6 +137,9 @@ def parse_cufile(text: str) -> CufileConfig:
     except RecursionError:
         result.error = "nesting too deep"
         return result
+    except ValueError as exc:  # e.g. a number of more digits than int() converts
+        result.error = f"a value does not load: {str(exc)[:120]}"
+        return result
     if not isinstance(parsed, dict):
         result.error = f"top level is {type(parsed).__name__}, expected an object"
         return result

@@ -17,7 +17,11 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-_KV = re.compile(r"([A-Za-z_\-()%/]+)=\s*(-?[\d.]+|\S+)")
+from kvops.parse._common import capped_lines
+
+# A key starts where a run of key characters starts: tried from inside a run, `[...]+` would
+# rescan the rest of it at every position (quadratic time on a long run without `=`).
+_KV = re.compile(r"(?<![A-Za-z_\-()%/])([A-Za-z_\-()%/]+)=\s*(-?[\d.]+|\S+)")
 _GPU = re.compile(r"GPU\s+(?P<bdf>\S+)\s+uuid:(?P<uuid>\S+)\s*:\s*(?P<rest>.*)")
 
 
@@ -120,7 +124,7 @@ def parse_nvfs_stats(text: str) -> NvfsStats:
     """Parse the stats file. Never raises; unknown lines become warnings."""
     stats = NvfsStats()
     previous: str | None = None
-    for raw in text.splitlines():
+    for raw in capped_lines(text):
         line = raw.strip()
         if not line:
             continue

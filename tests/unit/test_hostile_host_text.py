@@ -8,14 +8,36 @@ time, generously above what the linear code needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from evidence_builders import edited, file_item, findings_for, healthy
 
-from kvops.parse._common import MAX_SHOWN_CHARS, clip
+from kvops.parse._common import (
+    MAX_LINE_CHARS,
+    MAX_SHOWN_CHARS,
+    clip,
+    looks_like_prompt,
+    version_tuple,
+)
+from kvops.parse.cufile import parse_cufile
+from kvops.parse.gdscheck import parse_gdscheck
+from kvops.parse.gdsio import parse_gdsio
 from kvops.parse.host_yaml import MAX_YAML_CHARS, HostYamlError, load_host_yaml
+from kvops.parse.ip_addr import parse_ip_addr
 from kvops.parse.lmcache_config import effective_lmcache_config
+from kvops.parse.mounts import parse_mounts
+from kvops.parse.mountstats import pnfs_layouts
+from kvops.parse.nvfs_stats import parse_nvfs_stats
+from kvops.parse.nvidia_smi import parse_nvidia_proc_version, parse_nvidia_smi_csv
+from kvops.parse.pci_acs import parse_acs
+from kvops.parse.prometheus import parse_prometheus_text
+from kvops.parse.rdma_tools import parse_ibdev2netdev, parse_show_gids
+from kvops.parse.topo import parse_topo
+from kvops.probe.redact import MAX_LINE_CHARS as REDACT_MAX_LINE_CHARS
+from kvops.probe.redact import redact_text, redact_value
+from kvops.validate import judge
 
 # "Billion laughs": 416 bytes that expand to 10^9 list members through aliases.
 LAUGHS = (
@@ -104,3 +126,85 @@ def test_finding_messages_bound_host_values() -> None:
     doc["items"]["vllm_env"]["data"]["env"]["PYTHONHASHSEED"] = huge
     for check_id in ("GDS-062", "GDS-063"):
         assert max(_lengths(doc, check_id)) < 2000, check_id
+
+
+# --- linear time on hostile lines ----------------------------------------------------------
+MIB = 1024 * 1024
+# Runs that made a former pattern backtrack (spaces, digits, '=', ':', '@', '[', a name with no
+# value, repeated prefixes of a pattern), each after the prefixes that get a line past the
+# first test of some parser.
+UNITS = [" ", "9", "=", ":", "@", "[", "a", "-a", "a=", "0.", "(", '"', "\t ", "port 1 (",
+         "api_key=[", "token", "http", "GPU "]  # fmt: skip
+PREFIXES = ["", "x ", "GPU 0000:01:00.0 uuid:", "ACSCtl:\t", "NVRM version: Kernel Module",
+            "mlx5_0 ", "a on ", "IoType: ", "nfsv4: ", "api_key: ", "--api-key ",
+            "x://"]  # fmt: skip
+
+
+def hostile_texts() -> list[str]:
+    """Per unit: 1 MiB of lines as long as a parser reads (MAX_LINE_CHARS), after each prefix
+    in turn, then one 1 MiB line."""
+    texts = []
+    for unit in UNITS:
+        run = unit * (MAX_LINE_CHARS // len(unit))
+        lines = [PREFIXES[i % len(PREFIXES)] + run for i in range(MIB // MAX_LINE_CHARS)]
+        texts.append("\n".join(lines) + "\n" + unit * (MIB // len(unit)) + "\n")
+    return texts
+
+
+TARGETS: dict[str, Callable[[str], Any]] = {
+    "looks_like_prompt": lambda t: [looks_like_prompt(ln) for ln in t.splitlines()],
+    "version_tuple": lambda t: [version_tuple(ln) for ln in t.splitlines()],
+    "parse_cufile": parse_cufile,
+    "parse_gdscheck": parse_gdscheck,
+    "parse_gdsio": parse_gdsio,
+    "parse_ip_addr": parse_ip_addr,
+    "parse_mounts": parse_mounts,
+    "pnfs_layouts": pnfs_layouts,
+    "parse_nvfs_stats": parse_nvfs_stats,
+    "parse_nvidia_proc_version": parse_nvidia_proc_version,
+    "parse_nvidia_smi_csv": parse_nvidia_smi_csv,
+    "parse_acs": parse_acs,
+    "parse_prometheus_text": parse_prometheus_text,
+    "parse_ibdev2netdev": parse_ibdev2netdev,
+    "parse_show_gids": parse_show_gids,
+    "parse_topo": parse_topo,
+    "effective_lmcache_config": lambda t: effective_lmcache_config(t, {"LMCACHE_CHUNK_SIZE": t}),
+    "redact_text": redact_text,
+    "redact_value": lambda t: redact_value({"k": t.splitlines()[:8]}),
+}
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return hostile_texts()
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_parsers_and_redactor_are_linear_on_hostile_lines(name: str, texts: list[str]) -> None:
+    for text in texts:
+        TARGETS[name](text)
+
+
+@pytest.mark.timeout(20)
+def test_redactor_cuts_long_lines_and_still_redacts() -> None:
+    line = "api_key=sk-secret-1 " + "x" * MIB
+    out = redact_text(line + "\npassword: hunter2\n")
+    assert "sk-secret-1" not in out and "hunter2" not in out
+    assert len(out) < 2 * REDACT_MAX_LINE_CHARS and "cut by the redactor" in out
+    assert redact_text(out) == out
+
+
+@pytest.mark.timeout(60)
+def test_judges_are_linear_on_hostile_evidence(texts: list[str]) -> None:
+    """Every text item of a host's evidence replaced by hostile text: validate judges it."""
+    for text in texts[:: len(texts) // 4]:
+        doc = healthy()
+        for item in doc["items"].values():
+            if isinstance(item.get("stdout"), str):
+                item["stdout"] = text
+        for infiniband in [doc["items"].get("infiniband", {}).get("data") or {}]:
+            for device in infiniband.get("devices", []):
+                for port in device.get("ports", []):
+                    port["rate"] = text[:MIB]
+        judge(doc)
