@@ -279,8 +279,9 @@ class Context:
 
     @cached_property
     def vllm_config_file(self) -> tuple[dict[str, Any] | None, str | None]:
-        """`vllm serve --config` YAML: (mapping, None), or (None, why it was not read) with
-        None for the reason when the file was not collected or is no mapping."""
+        """`vllm serve --config` YAML as (mapping, None); (None, why) when it does not load
+        (host YAML is refused with anchors, aliases or past its size cap); (None, None) when
+        it was not collected or is not a mapping."""
         text = self.text(ev.VLLM_CONFIG_FILE)
         if text is None:
             return None, None
