@@ -20,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvops.parse._common import capped_lines, looks_like_prompt
+from kvops.parse._common import capped_lines, clip, clip_repr, looks_like_prompt
 
 # Ranked best first. SOC is the pre-2016 name of SYS.
 PCIE_LINK_RANK = {"PIX": 0, "PXB": 1, "PHB": 2, "NODE": 3, "SYS": 4, "SOC": 4}
@@ -91,7 +91,8 @@ def _row(topo: TopoMatrix, trailing: list[str], tokens: list[str], number: int) 
     links = dict(zip(topo.devices, values[:n], strict=False))
     for column, value in links.items():
         if value != "X" and link_rank(value) is None and not _NVLINK.match(value):
-            topo.warnings.append(f"line {number}: unknown link type {value!r} ({label}-{column})")
+            shown = f"{clip_repr(value)} ({clip(label)}-{clip(column)})"
+            topo.warnings.append(f"line {number}: unknown link type {shown}")
     topo.links[label] = links
     if len(values) < n:
         topo.warnings.append(f"line {number}: {label} has {len(values)} of {n} links (truncated?)")

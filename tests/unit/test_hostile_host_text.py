@@ -8,6 +8,7 @@ time, generously above what the linear code needs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -121,6 +122,10 @@ def test_finding_messages_bound_host_values() -> None:
     config = effective_lmcache_config(text)
     assert all(len(w) < 2000 for w in config.warnings)
     assert all(len(v) < 2000 for v in config.unconverted.values())
+    cufile = json.dumps({"properties": {huge: 1, "max_direct_io_size_kb": huge}})
+    doc = edited(cufile_json=file_item("/etc/cufile.json", cufile))
+    for check_id in ("GDS-031", "GDS-034"):
+        assert max(_lengths(doc, check_id)) < 2000, check_id
     doc = healthy()
     doc["items"]["vllm_env"]["data"]["env"]["PROMETHEUS_MULTIPROC_DIR"] = huge
     doc["items"]["vllm_env"]["data"]["env"]["PYTHONHASHSEED"] = huge
