@@ -191,6 +191,25 @@ def test_parsers_and_redactor_are_linear_on_hostile_lines(name: str, texts: list
         TARGETS[name](text)
 
 
+def _lines(line: str, header: str = "") -> str:
+    """1 MiB of `line` repeated, each after `header`."""
+    return "".join(header + line + "\n" for _ in range(MIB // len(line)))
+
+
+@pytest.mark.timeout(20)
+def test_format_specific_hostile_lines() -> None:
+    """Lines that reach the patterns behind a format's own first test: lspci ACS flags under a
+    device header, nvidia-smi CSV units and suffixes, an RDMA port's rate."""
+    parse_acs(_lines("\tACSCtl:\t" + "a" * MAX_LINE_CHARS, "00:01.0 PCI bridge: X\n"))
+    parse_nvidia_smi_csv(" " * MAX_LINE_CHARS + "\n" + _lines("1" + " " * MAX_LINE_CHARS + "x"))
+    parse_nvidia_smi_csv("[" * MAX_LINE_CHARS + "\n" + _lines("[" * MAX_LINE_CHARS + "x"))
+    doc = healthy()
+    for device in doc["items"]["infiniband"]["data"]["devices"]:
+        for port in device["ports"]:
+            port["rate"] = "9" * MIB
+    judge(doc)
+
+
 @pytest.mark.timeout(20)
 def test_redactor_cuts_long_lines_and_still_redacts() -> None:
     line = "api_key=sk-secret-1 " + "x" * MIB
