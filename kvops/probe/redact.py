@@ -77,10 +77,11 @@ _FLAG_WORD = re.compile(
     re.I,
 )
 # A YAML key with nothing after it on its line but a block indicator (`api_key:`,
-# `hf_token: |`): its value is the lines below that are more indented, or list items.
+# `hf_token: |`), or a pretty-printed JSON key opening a list or object (`"api_key": [`): its
+# value is the lines below that are more indented, or YAML list items.
 _YAML_BLOCK_KEY = re.compile(
     r"(?P<indent>[ \t]*)(?:-[ \t]+)?([\"']?)(?P<name>[" + _NAME_CHARS + r"]+)\2[ \t]*:"
-    r"[ \t]*(?:[|>][-+0-9]*[ \t]*)?(?:#.*)?"
+    r"[ \t]*(?:[|>][-+0-9]*[ \t]*|[\[{][ \t]*)?(?:#.*)?"
 )
 
 

@@ -203,6 +203,10 @@ def test_format_specific_hostile_lines() -> None:
     parse_acs(_lines("\tACSCtl:\t" + "a" * MAX_LINE_CHARS, "00:01.0 PCI bridge: X\n"))
     parse_nvidia_smi_csv(" " * MAX_LINE_CHARS + "\n" + _lines("1" + " " * MAX_LINE_CHARS + "x"))
     parse_nvidia_smi_csv("[" * MAX_LINE_CHARS + "\n" + _lines("[" * MAX_LINE_CHARS + "x"))
+    parse_gdscheck("GPU INFO:\n" + _lines("GPU index 0 x" + " bar:1" * (MAX_LINE_CHARS // 6)))
+    pnfs_layouts(
+        "device a mounted on /m with fstype nfs4\n" + _lines(" nfsv4: " + ", pnfs=" * 2048)
+    )
     doc = healthy()
     for device in doc["items"]["infiniband"]["data"]["devices"]:
         for port in device["ports"]:

@@ -78,6 +78,8 @@ def test_redactor_hides_each_secret_form(text: str, secret: str) -> None:
         ("hf_token: |\n  abc-nn4\n  def-oo5\nchunk_size: 256\n", ["abc-nn4", "def-oo5"]),
         ("extra_config:\n  remote_auth_token: >-\n    pp6-folded\n  x: 1\n", ["pp6-folded"]),
         ("api_key: [sk-qq7, sk-rr8]\n", ["sk-qq7", "sk-rr8"]),
+        ('{\n  "api_key": [\n    "sk-ss9"\n  ],\n  "port": 1\n}', ["sk-ss9"]),
+        ('{\n  "auth": {\n    "user": "u-tt0"\n  }\n}', ["u-tt0"]),
     ],
 )
 def test_redactor_hides_vllm_bearer_and_yaml_block_forms(text: str, secrets: list[str]) -> None:
