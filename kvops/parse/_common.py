@@ -49,25 +49,31 @@ _SPACES = re.compile(r"\s*")
 _PLAIN_WORD = re.compile(r"[\w.\-]+")
 
 
+def _end(pattern: re.Pattern[str], text: str, pos: int) -> int:
+    """Where `pattern` (one that matches the empty string too) stops when started at `pos`."""
+    match = pattern.match(text, pos)
+    return match.end() if match else pos
+
+
 def looks_like_prompt(line: str) -> bool:
     """True for a copied shell prompt line such as `sh-5.1# gdsio ...` or `$ gdscheck -p`:
     recorded outputs often include the command line, which is not tool output."""
     text = line[:MAX_LINE_CHARS]
-    start = _SPACES.match(text).end()  # type: ignore[union-attr]
+    start = _end(_SPACES, text, 0)
     if _AFTER_PROMPT.match(text, start):
         return True
     if text.startswith("[", start):
         close = text.find("]", start)
         if close >= 0 and _AFTER_PROMPT.match(text, close + 1):
             return True
-    end = _WORD.match(text, start).end()  # type: ignore[union-attr]
+    end = _end(_WORD, text, start)
     word = text[start:end]
     if len(word) >= 2 and word[-1] in "$#" and _AFTER_PROMPT.match(text, end - 1):
         body = word[:-1]
         if "@" in body or ":" in body or _PLAIN_WORD.fullmatch(body):
             return True
     if "@" in word or ":" in word:  # `user@host $ cmd`: the sign is a word of its own
-        return bool(_AFTER_PROMPT.match(text, _SPACES.match(text, end).end()))  # type: ignore[union-attr]
+        return bool(_AFTER_PROMPT.match(text, _end(_SPACES, text, end)))
     return False
 
 
