@@ -16,7 +16,8 @@ from evidence_builders import (
     http_item,
 )
 
-from kvops.validate import judge
+from kvops.checks import Context, Thresholds
+from kvops.checks.lmcache import check_stable_hash
 
 
 def env(doc: dict[str, Any]) -> dict[str, str]:
@@ -108,11 +109,11 @@ def test_empty_hash_seed_is_unset() -> None:
     """CPython reads an empty PYTHONHASHSEED as unset: a random seed at every start."""
     absent = healthy()
     del env(absent)["PYTHONHASHSEED"]
-    [absent_finding] = [f for f in judge(absent) if f.check_id == "GDS-062"]
+    [absent_finding] = check_stable_hash(Context(absent, Thresholds()))
     for empty in ("", "  "):
         doc = healthy()
         env(doc)["PYTHONHASHSEED"] = empty
-        [found] = [f for f in judge(doc) if f.check_id == "GDS-062"]
+        [found] = check_stable_hash(Context(doc, Thresholds()))
         assert str(found.severity) == "FAIL" and "empty" in found.message
         assert found.remedy == absent_finding.remedy
 
