@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-import yaml
-
 from kvops import evidence as ev
 from kvops.checks.model import Finding, Severity, Thresholds, finding
+from kvops.parse._common import MAX_LINE_CHARS
 from kvops.parse.cufile import CufileConfig, parse_cufile
 from kvops.parse.gdscheck import GdsCheckReport, parse_gdscheck
+from kvops.parse.host_yaml import HostYamlError, load_host_yaml
 from kvops.parse.ip_addr import parse_ip_addr
 from kvops.parse.lmcache_config import LmcacheConfig, effective_lmcache_config
 from kvops.parse.mounts import MountTable, parse_mounts
@@ -22,7 +22,8 @@ from kvops.parse.nvfs_stats import NvfsStats, parse_nvfs_stats
 from kvops.parse.rdma_tools import GidTable, RdmaNetdevMap, parse_ibdev2netdev, parse_show_gids
 from kvops.parse.topo import TopoMatrix, parse_topo
 
-_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*Gb/sec")
+# Starts only where a digit run starts: from inside a run `\d+` rescans it (quadratic time).
+_RATE = re.compile(r"(?<!\d)(\d+(?:\.\d+)?)\s*Gb/sec")
 
 
 @dataclass
@@ -146,7 +147,7 @@ class Context:
         ports: list[RdmaPort] = []
         for device in _dicts(data.get("devices")):
             for port in _dicts(device.get("ports")):
-                rate = _RATE.search(str(port.get("rate") or ""))
+                rate = _RATE.search(str(port.get("rate") or "")[:MAX_LINE_CHARS])
                 netdevs = port.get("netdevs") or device.get("netdevs")
                 number = port.get("port")
                 ports.append(
@@ -266,20 +267,29 @@ class Context:
             raw = _flag(argv, ("--kv-transfer-config", "--kv_transfer_config"))
             if raw is not None:
                 return _json_or_raw(raw), where
-        text = self.text(ev.VLLM_CONFIG_FILE)
-        if text is not None:
-            try:
-                loaded = yaml.safe_load(text)
-            except yaml.YAMLError:
-                loaded = None
-            if isinstance(loaded, dict):
-                for key in ("kv-transfer-config", "kv_transfer_config"):
-                    value = loaded.get(key)
-                    if isinstance(value, dict):
-                        return value, "--config file"
-                    if isinstance(value, str):
-                        return _json_or_raw(value), "--config file"
+        loaded, _ = self.vllm_config_file
+        if loaded is not None:
+            for key in ("kv-transfer-config", "kv_transfer_config"):
+                value = loaded.get(key)
+                if isinstance(value, dict):
+                    return value, "--config file"
+                if isinstance(value, str):
+                    return _json_or_raw(value), "--config file"
         return None, None
+
+    @cached_property
+    def vllm_config_file(self) -> tuple[dict[str, Any] | None, str | None]:
+        """`vllm serve --config` YAML as (mapping, None); (None, why) when it does not load
+        (host YAML is refused with anchors, aliases or past its size cap); (None, None) when
+        it was not collected or is not a mapping."""
+        text = self.text(ev.VLLM_CONFIG_FILE)
+        if text is None:
+            return None, None
+        try:
+            loaded = load_host_yaml(text)
+        except HostYamlError as exc:
+            return None, f"{ev.VLLM_CONFIG_FILE}: {exc}"
+        return (loaded if isinstance(loaded, dict) else None), None
 
     @cached_property
     def lmcache_version(self) -> str | None:

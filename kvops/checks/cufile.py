@@ -7,6 +7,7 @@ from typing import Any
 from kvops import evidence as ev
 from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, finding
+from kvops.parse._common import clip_repr
 from kvops.parse.cufile import CufileConfig
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -44,13 +45,14 @@ def check_known_keys(ctx: Context) -> list[Finding]:
         return [finding("GDS-031", Severity.PASS, f"all {len(config.values)} keys known")]
     out = []
     for unknown in config.unknown_keys:
+        key = clip_repr(unknown.key)
         hint = f"; did you mean {unknown.suggestion!r}?" if unknown.suggestion else ""
         remedy = (
-            f"Rename {unknown.key!r} to {unknown.suggestion!r}."
+            f"Rename {key} to {unknown.suggestion!r}."
             if unknown.suggestion
-            else f"Remove {unknown.key!r}: libcufile ignores it."
+            else f"Remove {key}: libcufile ignores it."
         )
-        msg = f"unknown key {unknown.key!r} is ignored by libcufile{hint}"
+        msg = f"unknown key {key} is ignored by libcufile{hint}"
         out.append(finding("GDS-031", Severity.WARN, msg, remedy=remedy))
     return out
 
@@ -84,7 +86,7 @@ def check_compat_mode(ctx: Context) -> list[Finding]:
         source = "libcufile default"
         if config is not None and config.get(f"properties.{key}") is not None:
             value, source = flag(config.get(f"properties.{key}")), "cufile.json"
-        if env_name in env:
+        if env.get(env_name, "").strip():  # an empty variable sets nothing: the file decides
             value, source = env[env_name].strip().lower() in _TRUE, f"env {env_name}"
         values[key] = value
         evidence_lines.append(f"{key} = {value} ({source})")
@@ -145,7 +147,7 @@ def check_direct_io_size(ctx: Context) -> list[Finding]:
         return [finding("GDS-034", Severity.PASS, "max_direct_io_size_kb unset (16384 default)")]
     if isinstance(value, int) and not isinstance(value, bool) and value > 0 and value % 64 == 0:
         return [finding("GDS-034", Severity.PASS, f"max_direct_io_size_kb = {value}")]
-    msg = f"max_direct_io_size_kb = {value!r} is not a positive multiple of 64"
+    msg = f"max_direct_io_size_kb = {clip_repr(value)} is not a positive multiple of 64"
     return [finding("GDS-034", Severity.FAIL, msg)]
 
 

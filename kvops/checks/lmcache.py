@@ -7,6 +7,7 @@ from kvops import evidence as ev
 from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, finding
 from kvops.checks.rdma_mount import mount_line
+from kvops.parse._common import MAX_SHOWN_CHARS, clip, clip_repr
 from kvops.parse.lmcache_config import LmcacheConfig, buffer_key_for
 
 STABLE_HASHES = frozenset({"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"})
@@ -55,7 +56,7 @@ def check_gds_path(ctx: Context) -> list[Finding]:
     paths = [p.strip() for p in str(raw).split(",") if p.strip()]
     for path in paths:
         real = ctx.real_path(path)
-        named = path if real == path else f"{path} (→ {real})"
+        named = clip(path) if real == path else f"{clip(path)} (→ {clip(real)})"
         mount = table.mount_for(real)
         if mount is None or not mount.is_nfs or mount.proto not in {"rdma", "rdma6"}:
             where = f"{mount.mount_point} ({mount.fs_type}, proto={mount.proto})" if mount else "?"
@@ -76,7 +77,7 @@ def check_gds_path(ctx: Context) -> list[Finding]:
                 f"gds_path {named}: LMCache judges the path as written, which is on "
                 f"{lexical.mount_point} ({lexical.fs_type}), and turns GDS off there"
             )
-            remedy = f"Set gds_path to {real}, or set use_gds: true explicitly."
+            remedy = f"Set gds_path to {clip(real)}, or set use_gds: true explicitly."
             out.append(finding("GDS-060", Severity.FAIL, msg, mount_line(lexical), remedy))
             continue
         msg = f"gds_path {named} ({source}) on {mount.mount_point} over RDMA"
@@ -100,7 +101,7 @@ def _declared_dir_mismatch(ctx: Context, paths: list[str]) -> list[Finding]:
         return []
     msg = (
         f"kvops_gds_dir {ctx.gds_dir} (→ {declared}) is not where LMCache writes "
-        f"({', '.join(reals)}): the GDS directory checks judge another directory"
+        f"({clip(', '.join(reals))}): the GDS directory checks judge another directory"
     )
     remedy = "Set kvops_gds_dir to LMCache's gds_path (or gds_path to the checked directory)."
     return [finding("GDS-060", Severity.WARN, msg, remedy=remedy)]
@@ -115,15 +116,16 @@ def check_buffer_key(ctx: Context) -> list[Finding]:
     present = [k for k in ("cufile_buffer_size", "gds_buffer_size") if k in config.file_keys]
     present += [k for k in ("cufile_buffer_size", "gds_buffer_size") if k in config.effective]
     if expected is None:
-        msg = f"LMCache version unknown ({ctx.problem(ev.LMCACHE_VERSION)}); keys: {present}"
+        msg = f"LMCache version unknown ({clip(ctx.problem(ev.LMCACHE_VERSION))}); keys: {present}"
         return [finding("GDS-061", Severity.WARN, msg)]
     if expected in config.effective:
         value = config.effective[expected]
         source = config.sources[expected]
         if value is None or value <= 0:
             msg = (
-                f"{expected} = {config.unconverted.get(expected, repr(value))} ({source}): "
-                f"LMCache {version} reads it as {value!r}, and the GDS backend asserts a size"
+                f"{expected} = {config.unconverted.get(expected, clip_repr(value))} ({source}): "
+                f"LMCache {clip(str(version))} reads it as {clip_repr(value)}, and the GDS "
+                "backend asserts a size"
             )
             return [finding("GDS-061", Severity.FAIL, msg, remedy=f"Set {expected} to MiB.")]
         msg = f"{expected} = {value} MiB ({source}) for LMCache {version}"
@@ -149,10 +151,16 @@ def check_stable_hash(ctx: Context) -> list[Finding]:
     if env is None:
         return [ctx.skip("GDS-062", ev.VLLM_ENV)]
     seed = env.get("PYTHONHASHSEED")
-    if seed is not None and seed != "random":
-        return [finding("GDS-062", Severity.PASS, f"{algorithm} hash with PYTHONHASHSEED={seed}")]
+    if seed is not None and seed.strip() and seed != "random":
+        shown = clip(seed)
+        return [finding("GDS-062", Severity.PASS, f"{algorithm} hash with PYTHONHASHSEED={shown}")]
+    # CPython: "If this variable is not set or set to random, a random value is used", and an
+    # empty value counts as not set (https://docs.python.org/3/using/cmdline.html#envvar-PYTHONHASHSEED).
+    how = "without PYTHONHASHSEED" if seed is None else f"with PYTHONHASHSEED={seed!r}"
+    if seed is not None and not seed.strip():
+        how += " (empty: Python treats it as unset)"
     msg = (
-        f"{algorithm} hash without PYTHONHASHSEED: chunk keys change at every restart, "
+        f"{algorithm} hash {how}: chunk keys change at every restart, "
         "so stored KV is never found again"
     )
     return [finding("GDS-062", Severity.FAIL, msg)]
@@ -166,7 +174,7 @@ def check_prometheus_dir(ctx: Context) -> list[Finding]:
         return [ctx.skip("GDS-063", ev.VLLM_ENV)]
     value = env.get("PROMETHEUS_MULTIPROC_DIR")
     if value:
-        return [finding("GDS-063", Severity.PASS, f"PROMETHEUS_MULTIPROC_DIR={value}")]
+        return [finding("GDS-063", Severity.PASS, f"PROMETHEUS_MULTIPROC_DIR={clip(value)}")]
     msg = "PROMETHEUS_MULTIPROC_DIR unset: lmcache:* metrics will not show on vLLM /metrics"
     return [finding("GDS-063", Severity.WARN, msg)]
 
@@ -185,9 +193,10 @@ def check_unknown_keys(ctx: Context) -> list[Finding]:
         return [finding("GDS-064", Severity.PASS, "all LMCache keys known and well-typed")]
     parts = []
     if unknown:
-        parts.append(f"keys ignored by LMCache {ctx.lmcache_version or '?'}: {', '.join(unknown)}")
+        ignored = clip(", ".join(unknown))
+        parts.append(f"keys ignored by LMCache {clip(ctx.lmcache_version or '?')}: {ignored}")
     if unconverted:
-        bad = ", ".join(f"{k} ({v})" for k, v in unconverted.items())
+        bad = clip(", ".join(f"{k} ({v})" for k, v in unconverted.items()), 4 * MAX_SHOWN_CHARS)
         parts.append(f"values LMCache cannot convert and reads as None: {bad}")
     return [finding("GDS-064", Severity.WARN, "; ".join(parts))]
 
@@ -212,7 +221,7 @@ def _gds_off_reasons(config: LmcacheConfig) -> list[str]:
         )
     backend = config.value("gds_backend")
     if backend not in (None, "cufile"):
-        reasons.append(f"gds_backend = {backend!r}: NVIDIA GDS needs 'cufile'")
+        reasons.append(f"gds_backend = {clip_repr(backend)}: NVIDIA GDS needs 'cufile'")
     chunk = config.value("chunk_size")
     if isinstance(chunk, int) and chunk <= 0:
         reasons.append(f"chunk_size = {chunk}: must be positive")
@@ -220,7 +229,7 @@ def _gds_off_reasons(config: LmcacheConfig) -> list[str]:
     direct = extra.get("use_direct_io") if isinstance(extra, dict) else None
     if direct is not None and not isinstance(direct, (bool, str)):
         reasons.append(
-            f"extra_config.use_direct_io = {direct!r} is neither bool nor string: "
+            f"extra_config.use_direct_io = {clip_repr(direct)} is neither bool nor string: "
             "the GDS backend raises RuntimeError at startup"
         )
     return reasons
@@ -235,7 +244,7 @@ def check_gds_stays_on(ctx: Context) -> list[Finding]:
         return [finding("GDS-065", Severity.FAIL, "; ".join(reasons))]
     use_gds = config.value("use_gds")
     origin = config.sources.get("use_gds", "default")
-    msg = f"use_gds {use_gds} ({origin}), gds_backend {config.value('gds_backend')}"
+    msg = f"use_gds {use_gds} ({origin}), gds_backend {clip(str(config.value('gds_backend')))}"
     return [finding("GDS-065", Severity.PASS, msg)]
 
 

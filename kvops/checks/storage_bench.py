@@ -141,13 +141,16 @@ STATS_PARAM = "/sys/module/nvidia_fs/parameters/rw_stats_enabled"
 def _counters_cannot_move(ctx: Context, shown: str = "") -> Finding | None:
     """A reason the counters stand still that is not a GDS bypass: nvidia-fs counts reads and
     writes only with its `rw_stats_enabled` parameter set, and never counts P2PDMA I/O (NVIDIA
-    GDS Troubleshooting Guide, "nvidia-fs statistics"; compat and P2PDMA I/O are not counted)."""
-    params = ctx.data(ev.NVFS_PARAMS)
-    if params is not None and str(params.get("rw_stats_enabled", "")).strip() == "0":
+    GDS Troubleshooting Guide, "nvidia-fs statistics"; compat and P2PDMA I/O are not counted).
+    Statistics off show in the parameter or in the stats file itself (`IO stats: Disabled`)."""
+    disabled = _stats_disabled(ctx)
+    if disabled is not None:
+        # Writing to the stats file only clears the counters (nvfs_stats_clear in
+        # gds-nvidia-fs src/nvfs-stat.c); the module parameter is what turns counting on.
         msg = (
-            "nvidia-fs read/write statistics are disabled (rw_stats_enabled=0), so the "
-            f"counters cannot move: not judged. Enable: `echo 1 > {STATS_PARAM}` (root), then "
-            "rerun with --storage-bench"
+            f"nvidia-fs read/write statistics are disabled ({disabled}), so the counters "
+            "cannot move: cannot tell whether the I/O went through GDS, not judged. Enable: "
+            f"`echo 1 > {STATS_PARAM}` (root), then rerun with --storage-bench"
         )
         return finding("GDS-051", Severity.SKIP, msg, shown)
     cufile = ctx.cufile
@@ -162,6 +165,18 @@ def _counters_cannot_move(ctx: Context, shown: str = "") -> Finding | None:
         )
         remedy = "To prove it by counters, bench with use_pci_p2pdma false (nvidia-fs path)."
         return finding("GDS-051", Severity.WARN, msg, shown, remedy=remedy)
+    return None
+
+
+def _stats_disabled(ctx: Context) -> str | None:
+    """Where the evidence says nvidia-fs I/O statistics are off; None when nothing says so."""
+    params = ctx.data(ev.NVFS_PARAMS)
+    if params is not None and str(params.get("rw_stats_enabled", "")).strip() == "0":
+        return "rw_stats_enabled=0"
+    for item_id in (ev.NVFS_STATS_BEFORE_BENCH, ev.NVFS_STATS_AFTER_BENCH):
+        text = ctx.text(item_id)
+        if text is not None and parse_nvfs_stats(text).io_stats_enabled is False:
+            return f"'IO stats: Disabled' in {STATS_FILE}"
     return None
 
 

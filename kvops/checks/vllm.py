@@ -8,6 +8,7 @@ from typing import Any
 from kvops import evidence as ev
 from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, finding
+from kvops.parse._common import clip, clip_repr
 from kvops.parse.prometheus import parse_prometheus_text
 
 CONNECTOR = "LMCacheConnectorV1"
@@ -75,7 +76,8 @@ def check_model_served(ctx: Context) -> list[Finding]:
             return [finding("GDS-071", Severity.PASS, f"serves {expected}")]
         return [finding("GDS-071", Severity.FAIL, f"{expected} not served; serves {served}")]
     if served:
-        return [finding("GDS-071", Severity.PASS, f"serves {served} (no expected_model set)")]
+        msg = f"serves {clip(str(served))} (no expected_model set)"
+        return [finding("GDS-071", Severity.PASS, msg)]
     return [finding("GDS-071", Severity.FAIL, "/v1/models lists no model")]
 
 
@@ -94,11 +96,14 @@ def check_kv_transfer_config(ctx: Context) -> list[Finding]:
             msg = f"kv_connector {connector}, kv_both{where}"
             return [finding("GDS-072", Severity.PASS, msg, shown)]
         if _is_lmcache(config):
-            msg = f"kv_role={role!r}: a single host both stores and loads KV (kv_both)"
+            msg = f"kv_role={clip_repr(role)}: a single host both stores and loads KV (kv_both)"
             return [finding("GDS-072", Severity.WARN, msg, shown)]
         if isinstance(config, str):
             return [finding("GDS-072", Severity.FAIL, "--kv-transfer-config is not JSON", shown)]
-        msg = f"offload host without {CONNECTOR} (kv_connector={connector!r})"
+        msg = f"offload host without {CONNECTOR} (kv_connector={clip_repr(connector)})"
+        _, unread = ctx.vllm_config_file
+        if unread is not None:
+            msg += f"; the --config file was not read: {unread}"
         return [finding("GDS-072", Severity.FAIL, msg, shown)]
     if ctx.role == ev.ROLE_BASELINE:
         if _is_lmcache(config):

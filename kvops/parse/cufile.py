@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from kvops.parse._common import clip_repr
+
 
 def _load_key_types() -> dict[str, str]:
     """The one key list (with value types) shared with the cufile role, which links to it."""
@@ -119,7 +121,7 @@ def _pairs_hook(warnings: list[str]) -> Any:
         seen: dict[str, Any] = {}
         for key, value in pairs:
             if key in seen:
-                warnings.append(f"duplicate key {key!r}: the last value is used")
+                warnings.append(f"duplicate key {clip_repr(key)}: the last value is used")
             seen[key] = value
         return seen
 
@@ -136,6 +138,9 @@ def parse_cufile(text: str) -> CufileConfig:
         return result
     except RecursionError:
         result.error = "nesting too deep"
+        return result
+    except ValueError as exc:  # e.g. a number of more digits than int() converts
+        result.error = f"a value does not load: {str(exc)[:120]}"
         return result
     if not isinstance(parsed, dict):
         result.error = f"top level is {type(parsed).__name__}, expected an object"

@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvops.parse._common import looks_like_prompt, to_int
+from kvops.parse._common import capped_lines, looks_like_prompt, to_int
 
 SECTIONS = {
     "ENVIRONMENT": "environment",
@@ -149,7 +149,7 @@ def parse_gdscheck(text: str) -> GdsCheckReport:
     section: str | None = None
     seen: set[str] = set()
     unsectioned = 0
-    for raw in text.splitlines():
+    for raw in capped_lines(text):
         line = raw.strip()
         if not line or set(line) == {"="} or looks_like_prompt(raw):
             continue

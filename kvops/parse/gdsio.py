@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvops.parse._common import to_float, to_int
+from kvops.parse._common import capped_lines, to_float, to_int
 
 _FIELDS = {
     "io_type": re.compile(r"IoType:\s*(\w+)"),
@@ -175,7 +175,7 @@ def _joined(lines: list[str]) -> list[tuple[int, str]]:
 def parse_gdsio(text: str) -> GdsioOutput:
     """Parse every `IoType:` line; other lines are noise. Never raises."""
     out = GdsioOutput()
-    for number, line in _joined(text.splitlines()):
+    for number, line in _joined(capped_lines(text)):
         result = _result(line, number, out)
         if result is not None:
             out.results.append(result)

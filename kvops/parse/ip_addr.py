@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvops.parse._common import capped_lines
+
 
 @dataclass
 class Interfaces:
@@ -38,7 +40,9 @@ def parse_ip_addr(text: str) -> Interfaces:
             return out
         except json.JSONDecodeError as exc:
             out.warnings.append(f"ip -j output is not valid JSON ({exc.msg}); trying text")
-    for number, line in enumerate(text.splitlines(), start=1):
+        except (ValueError, RecursionError) as exc:  # too deep, or a number int() refuses
+            out.warnings.append(f"ip -j output does not load ({str(exc)[:120]}); trying text")
+    for number, line in enumerate(capped_lines(text), start=1):
         fields = line.split()
         if len(fields) < 4 or fields[2] not in {"inet", "inet6"}:
             if line.strip():

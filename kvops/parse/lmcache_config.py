@@ -27,9 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
-from kvops.parse._common import version_tuple
+from kvops.parse._common import clip, clip_repr, version_tuple
+from kvops.parse.host_yaml import HostYamlError, load_host_yaml
 
 # key → type, identical across 0.3.9 … 0.5.6
 _COMMON_KEYS: dict[str, type] = {
@@ -187,16 +186,16 @@ def _apply(
     if key not in known:
         if key not in result.unknown_keys:
             result.unknown_keys.append(key)
-        result.warnings.append(f"Unknown configuration key: {key} (source: {source})")
+        result.warnings.append(f"Unknown configuration key: {clip(key)} (source: {source})")
         return
     try:
         converted = convert(value, known[key])
     except (ValueError, TypeError) as exc:
         converted = None
-        result.unconverted[key] = f"{source}: {value!r}"
+        result.unconverted[key] = f"{source}: {clip_repr(value)}"
         result.warnings.append(
-            f"Failed to convert value {value!r} of {key} ({source}) to "
-            f"{known[key].__name__}: {exc}; LMCache uses None"
+            f"Failed to convert value {clip_repr(value)} of {key} ({source}) to "
+            f"{known[key].__name__}: {clip(str(exc))}; LMCache uses None"
         )
     else:
         result.unconverted.pop(key, None)
@@ -206,11 +205,9 @@ def _apply(
 
 def _load_yaml(result: LmcacheConfig, yaml_text: str) -> dict[Any, Any]:
     try:
-        loaded = yaml.safe_load(yaml_text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
-        result.error = f"{where}{getattr(exc, 'problem', None) or exc}"
+        loaded = load_host_yaml(yaml_text)
+    except HostYamlError as exc:
+        result.error = str(exc)
         return {}
     if loaded is not None and not isinstance(loaded, dict):
         result.error = f"top level is {type(loaded).__name__}, expected a mapping"

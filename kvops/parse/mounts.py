@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvops.parse._common import looks_like_prompt
+from kvops.parse._common import capped_lines, looks_like_prompt
 
 _MOUNT_CMD = re.compile(r"^(?P<dev>\S+) on (?P<mp>.+?) type (?P<fs>\S+) \((?P<opts>[^)]*)\)?$")
 
@@ -99,7 +99,7 @@ class MountTable:
 def parse_mounts(text: str) -> MountTable:
     """Parse /proc/mounts lines or `mount` command lines; other lines are warnings."""
     table = MountTable()
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(capped_lines(text), start=1):
         line = raw.strip()
         if not line or looks_like_prompt(raw):
             continue

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from kvops.parse._common import capped_lines
+
 _DEVICE = re.compile(r"^device (\S+) mounted on (\S+) with fstype (\S+)")
 _PNFS = re.compile(r"[\s,]pnfs=([^,\n]+)")
 NOT_CONFIGURED = "not configured"
@@ -20,7 +22,7 @@ def pnfs_layouts(text: str) -> dict[str, str]:
     like in /proc/mounts)."""
     out: dict[str, str] = {}
     mount_point: str | None = None
-    for line in text.splitlines():
+    for line in capped_lines(text):
         device = _DEVICE.match(line)
         if device:
             mount_point = device.group(2)

@@ -17,7 +17,11 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-_KV = re.compile(r"([A-Za-z_\-()%/]+)=\s*(-?[\d.]+|\S+)")
+from kvops.parse._common import capped_lines
+
+# A key starts where a run of key characters starts: tried from inside a run, `[...]+` would
+# rescan the rest of it at every position (quadratic time on a long run without `=`).
+_KV = re.compile(r"(?<![A-Za-z_\-()%/])([A-Za-z_\-()%/]+)=\s*(-?[\d.]+|\S+)")
 _GPU = re.compile(r"GPU\s+(?P<bdf>\S+)\s+uuid:(?P<uuid>\S+)\s*:\s*(?P<rest>.*)")
 
 
@@ -27,6 +31,8 @@ class NvfsStats:
     stats_version: str | None = None
     driver_version: str | None = None
     peerdirect_supported: bool | None = None
+    # `IO stats: Enabled|Disabled` (the driver's rw_stats_enabled): None when not printed
+    io_stats_enabled: bool | None = None
     unit: str | None = None
     reads: dict[str, float] = field(default_factory=dict)
     writes: dict[str, float] = field(default_factory=dict)
@@ -66,6 +72,13 @@ def _counters(pairs: dict[str, str]) -> dict[str, float]:
     return out
 
 
+def _enabled(word: str) -> bool | None:
+    """nvidia-fs prints `IO stats: %s, peer IO stats: %s` with "Enabled" or "Disabled"
+    (gds-nvidia-fs src/nvfs-stat.c, nvfs_stats_show: https://github.com/NVIDIA/gds-nvidia-fs).
+    Anything else is not guessed at."""
+    return {"enabled": True, "disabled": False}.get(word.strip().lower())
+
+
 def _header(stats: NvfsStats, label: str, value: str) -> bool:
     if label == "GDS Version":
         stats.gds_version = value.strip() or None
@@ -77,6 +90,8 @@ def _header(stats: NvfsStats, label: str, value: str) -> bool:
         stats.driver_version = m.group(1).replace(":", ".") if m else None
     elif label == "Mellanox PeerDirect Supported":
         stats.peerdirect_supported = value.strip().lower() == "true"
+    elif label == "IO stats":
+        stats.io_stats_enabled = _enabled(value.split(",", 1)[0])
     elif label.startswith("Active Shadow-Buffer"):
         stats.unit = "MiB" if "MiB" in label else "MB"
     else:
@@ -109,7 +124,7 @@ def parse_nvfs_stats(text: str) -> NvfsStats:
     """Parse the stats file. Never raises; unknown lines become warnings."""
     stats = NvfsStats()
     previous: str | None = None
-    for raw in text.splitlines():
+    for raw in capped_lines(text):
         line = raw.strip()
         if not line:
             continue
@@ -152,6 +167,10 @@ def parse_nvfs_stats(text: str) -> NvfsStats:
         stats.warnings.append("no nvidia-fs statistics found")
         return stats
     for label in stats.missing:
+        if stats.io_stats_enabled is False and label in ("Reads", "Writes"):
+            # with statistics off the driver prints only the error counters of these lines
+            stats.warnings.append(f"line {label!r} has no n=: IO stats disabled")
+            continue
         stats.warnings.append(f"line {label!r} missing: older nvidia-fs or output truncated")
     return stats
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from kvops.parse._common import capped_lines
+
 _HEADER = re.compile(r"^([0-9a-fA-F]{2,4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\s+(.*)$")
-_FLAG = re.compile(r"(\w+)([+-])")
+_FLAG = re.compile(r"(?<!\w)(\w+)([+-])")  # from a word's start only: linear time
 REDIRECT_FLAGS = ("ReqRedir", "CmpltRedir")
 
 
@@ -42,7 +44,7 @@ def parse_acs(text: str) -> AcsReport:
     """Every device with an `ACSCtl:` line; counts all device headers seen."""
     report = AcsReport()
     current: tuple[str, str] | None = None
-    for line in text.splitlines():
+    for line in capped_lines(text):
         header = _HEADER.match(line)
         if header:
             report.device_count += 1

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvops.parse._common import capped_text
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -47,6 +49,7 @@ def parse_prometheus_text(text: str) -> PrometheusText:
     each line is tried on its own: the good ones are kept and each bad one becomes a warning,
     and truncated output still yields what can be read."""
     result = PrometheusText()
+    text = capped_text(text)
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError):

@@ -23,13 +23,16 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvops.parse._common import looks_like_prompt, to_int
+from kvops.parse._common import capped_lines, looks_like_prompt, to_int
 
-_IBDEV = re.compile(
-    r"^(?:(?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+)?"
-    r"(?P<device>\S+)(?:\s+(?P<description>.*?))?"
-    r"\s+port\s+(?P<port>\d+)(?:\s+\((?P<port_state>[^)]*)\))?"
-    r"\s+==>\s+(?P<netdev>\S+)\s+\((?P<state>[^)]*)\)(?P<rest>.*)$"
+# One line is `<left> ==> <netdev> (<state>)<rest>`, the left part `[<pci>] <device>
+# [<description>] port <n> [(<port state>)]`. Parsed in pieces around the first `==>` and from
+# the end of the left part: one regex with a lazy description between two `\s+` took quadratic
+# time on a long run of spaces.
+_IBDEV_NETDEV = re.compile(r"\s+(?P<netdev>\S+)\s+\((?P<state>[^)]*)\)(?P<rest>.*)$")
+_IBDEV_HEAD = re.compile(
+    r"(?:(?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+)?"
+    r"(?P<device>\S+)(?:\s+(?P<description>.*))?$"
 )
 _FIRMWARE = re.compile(r"\bfw\s+(\S+)")
 _IPV4 = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}$")
@@ -71,33 +74,58 @@ class RdmaNetdevMap:
         }
 
 
+def _port_state(left: str) -> tuple[str, str | None] | None:
+    """The left part without its trailing `(<port state>)`, and that state (None if absent);
+    None when a `(` is not preceded by whitespace."""
+    if not left.endswith(")"):
+        return left, None
+    opening = left.rfind("(")
+    if opening < 1 or not left[opening - 1].isspace():
+        return None
+    return left[:opening].rstrip(), left[opening + 1 : -1].strip() or None
+
+
+def _ibdev_line(line: str) -> RdmaLink | None:
+    """One `ibdev2netdev [-v]` line, or None when it does not have that shape."""
+    left, arrow, right = line.partition("==>")
+    if not arrow or not left[-1:].isspace():
+        return None
+    tail = _IBDEV_NETDEV.match(right)
+    split = _port_state(left.rstrip())
+    words = split[0].rsplit(None, 2) if split is not None else []  # <head> port <n>
+    if len(words) != 3 or words[1] != "port" or not words[2].isdecimal():
+        return None
+    head = _IBDEV_HEAD.match(words[0])
+    if tail is None or split is None or head is None:
+        return None
+    description = (head.group("description") or "").strip() or None
+    firmware = _FIRMWARE.search(description or "")
+    netdev = tail.group("netdev")
+    return RdmaLink(
+        device=head.group("device"),
+        port=int(words[2]),
+        netdev=None if netdev in _NO_NETDEV else netdev,
+        state=tail.group("state").strip(),
+        port_state=split[1],
+        pci_address=head.group("pci"),
+        description=description,
+        firmware=firmware.group(1) if firmware else None,
+    )
+
+
 def parse_ibdev2netdev(text: str) -> RdmaNetdevMap:
     """Parse `ibdev2netdev` or `ibdev2netdev -v`. Never raises; lines that do not fit (a
     truncated last line, stray text) become warnings."""
     out = RdmaNetdevMap()
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(capped_lines(text), start=1):
         line = raw.strip()
         if not line or looks_like_prompt(raw):
             continue
-        m = _IBDEV.match(line)
-        if not m:
+        link = _ibdev_line(line)
+        if link is None:
             out.warnings.append(f"line {number}: not an ibdev2netdev line: {line[:120]}")
             continue
-        description = (m.group("description") or "").strip() or None
-        firmware = _FIRMWARE.search(description or "")
-        netdev = m.group("netdev")
-        out.links.append(
-            RdmaLink(
-                device=m.group("device"),
-                port=int(m.group("port")),
-                netdev=None if netdev in _NO_NETDEV else netdev,
-                state=m.group("state").strip(),
-                port_state=(m.group("port_state") or "").strip() or None,
-                pci_address=m.group("pci"),
-                description=description,
-                firmware=firmware.group(1) if firmware else None,
-            )
-        )
+        out.links.append(link)
     if not out.links:
         out.warnings.append("no device lines: no RDMA device, or not ibdev2netdev output")
     return out
@@ -164,7 +192,7 @@ def parse_show_gids(text: str) -> GidTable:
     """Parse `show_gids`. Never raises; a missing or disagreeing `n_gids_found` line (the
     tool's last line) is reported as truncation."""
     out = GidTable()
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(capped_lines(text), start=1):
         line = raw.strip()
         if not line or looks_like_prompt(raw):
             continue

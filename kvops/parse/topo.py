@@ -20,13 +20,16 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvops.parse._common import looks_like_prompt
+from kvops.parse._common import capped_lines, clip, clip_repr, looks_like_prompt
 
 # Ranked best first. SOC is the pre-2016 name of SYS.
 PCIE_LINK_RANK = {"PIX": 0, "PXB": 1, "PHB": 2, "NODE": 3, "SYS": 4, "SOC": 4}
 _NVLINK = re.compile(r"^NV\d+$")
 _DEVICE = re.compile(r"^[A-Za-z][\w.:-]*\d$")  # GPU0, NIC12, mlx5_0, mlx5_bond_0
 _TRAILING = re.compile(r"\b(?:CPU Affinity|NUMA Affinity|GPU NUMA ID)\b")
+# A tab, or two or more whitespace from where a run starts (from inside a run `\s{2,}` would
+# rescan it at every position: quadratic time on a long run of spaces).
+_COLUMN_GAP = re.compile(r"\t|(?<!\s)\s{2,}")
 _LEGEND_ENTRY = re.compile(r"^(?P<nic>NIC\d+)\s*:\s*(?P<name>\S+)$")
 _NA = {"N/A", "[N/A]"}
 
@@ -78,7 +81,7 @@ def _header(line: str) -> tuple[list[str], list[str]] | None:
     devices = left.split()
     if not devices or not all(_DEVICE.match(d) for d in devices):
         return None
-    trailing = [t.strip() for t in re.split(r"\t|\s{2,}", right) if t.strip()]
+    trailing = [t.strip() for t in _COLUMN_GAP.split(right) if t.strip()]
     return devices, trailing
 
 
@@ -88,7 +91,8 @@ def _row(topo: TopoMatrix, trailing: list[str], tokens: list[str], number: int) 
     links = dict(zip(topo.devices, values[:n], strict=False))
     for column, value in links.items():
         if value != "X" and link_rank(value) is None and not _NVLINK.match(value):
-            topo.warnings.append(f"line {number}: unknown link type {value!r} ({label}-{column})")
+            shown = f"{clip_repr(value)} ({clip(label)}-{clip(column)})"
+            topo.warnings.append(f"line {number}: unknown link type {shown}")
     topo.links[label] = links
     if len(values) < n:
         topo.warnings.append(f"line {number}: {label} has {len(values)} of {n} links (truncated?)")
@@ -109,7 +113,7 @@ def parse_topo(text: str) -> TopoMatrix:
     topo = TopoMatrix()
     trailing: list[str] = []
     section = "before"  # before → matrix → legend → nic_legend
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(capped_lines(text), start=1):
         line = raw.strip()
         if not line or looks_like_prompt(raw):
             continue

@@ -16,6 +16,9 @@ from evidence_builders import (
     http_item,
 )
 
+from kvops.checks import Context, Thresholds
+from kvops.checks.lmcache import check_stable_hash
+
 
 def env(doc: dict[str, Any]) -> dict[str, str]:
     return doc["items"]["vllm_env"]["data"]["env"]  # type: ignore[no-any-return]
@@ -100,6 +103,19 @@ def test_hash_seed() -> None:
     assert findings_for(doc, "GDS-062")[0][0] == "FAIL"
     doc["items"]["lmcache_config"]["stdout"] += "pre_caching_hash_algorithm: sha256_cbor\n"
     assert findings_for(doc, "GDS-062")[0][0] == "PASS"
+
+
+def test_empty_hash_seed_is_unset() -> None:
+    """CPython reads an empty PYTHONHASHSEED as unset: a random seed at every start."""
+    absent = healthy()
+    del env(absent)["PYTHONHASHSEED"]
+    [absent_finding] = check_stable_hash(Context(absent, Thresholds()))
+    for empty in ("", "  "):
+        doc = healthy()
+        env(doc)["PYTHONHASHSEED"] = empty
+        [found] = check_stable_hash(Context(doc, Thresholds()))
+        assert str(found.severity) == "FAIL" and "empty" in found.message
+        assert found.remedy == absent_finding.remedy
 
 
 def test_prometheus_dir_and_metrics() -> None:

@@ -87,6 +87,17 @@ def test_compat_mode_env_overrides_file() -> None:
     assert findings_for(doc, "GDS-032")[0][0] == "FAIL"
 
 
+def test_empty_compat_env_is_no_setting() -> None:
+    """An empty CUFILE_*_COMPAT_MODE sets nothing: the file's value stays in force."""
+    doc = healthy()
+    text = doc["items"]["cufile_json"]["stdout"]
+    forced = text.replace('"allow_compat_mode": false', '"force_compat_mode": true', 1)
+    doc["items"]["cufile_json"]["stdout"] = forced
+    doc["items"]["vllm_env"]["data"]["env"]["CUFILE_FORCE_COMPAT_MODE"] = ""
+    [(severity, message)] = findings_for(doc, "GDS-032")
+    assert severity == "FAIL" and "force_compat_mode" in message
+
+
 def test_template_default_allows_compat() -> None:
     assert findings_for(edited(cufile_json=cufile(TEMPLATE)), "GDS-032")[0][0] == "WARN"
 

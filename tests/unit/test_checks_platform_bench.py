@@ -145,3 +145,31 @@ def test_counters_that_cannot_move_are_not_a_bypass() -> None:
     cufile["stdout"] = text.replace('"properties": {', '"properties": {"use_pci_p2pdma": true,', 1)
     [(severity, message)] = findings_for(doc, "GDS-051")
     assert severity == "WARN" and "P2PDMA" in message
+
+
+def test_counters_with_io_stats_disabled_cannot_tell() -> None:
+    """nvidia-fs with rw_stats_enabled=0 prints `IO stats: Disabled` (gds-nvidia-fs
+    src/nvfs-stat.c): zero Reads/Writes counters then prove nothing about the I/O path."""
+    doc = healthy()
+    for item_id in ("nvfs_stats_before_bench", "nvfs_stats_after_bench"):
+        item = doc["items"][item_id]
+        item["stdout"] = doc["items"]["nvfs_stats_before_bench"]["stdout"].replace(
+            "IO stats: Enabled", "IO stats: Disabled"
+        )
+    [(severity, message)] = findings_for(doc, "GDS-051")
+    assert severity == "SKIP" and "cannot tell" in message
+    assert "echo 1 > /sys/module/nvidia_fs/parameters/rw_stats_enabled" in message
+
+
+def test_counters_with_io_stats_disabled_current_format() -> None:
+    """The current driver leaves n= out of Reads/Writes when statistics are off."""
+    doc = healthy()
+    text = doc["items"]["nvfs_stats_before_bench"]["stdout"].replace(
+        "IO stats: Enabled", "IO stats: Disabled"
+    )
+    lines = [ln for ln in text.splitlines() if not ln.startswith(("Reads", "Writes"))]
+    lines += ["Reads : err=0 io_state_err=0", "Writes : err=0 io_state_err=0 pg-cache=0"]
+    for item_id in ("nvfs_stats_before_bench", "nvfs_stats_after_bench"):
+        doc["items"][item_id]["stdout"] = "\n".join(lines) + "\n"
+    [(severity, message)] = findings_for(doc, "GDS-051")
+    assert severity == "SKIP" and "cannot tell" in message

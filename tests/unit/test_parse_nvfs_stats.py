@@ -79,3 +79,15 @@ def test_truncated_stats_warn_and_have_no_counts() -> None:
 def test_empty_input() -> None:
     stats = parse_nvfs_stats("")
     assert stats.warnings == ["no nvidia-fs statistics found"]
+
+
+def test_io_stats_state() -> None:
+    """`IO stats: Disabled` (rw_stats_enabled=0): the driver prints Reads/Writes without n=
+    (gds-nvidia-fs src/nvfs-stat.c), which is not a truncated copy."""
+    assert parse_nvfs_stats(KERNEL_FORMAT).io_stats_enabled is True
+    off = KERNEL_FORMAT.replace("IO stats: Enabled", "IO stats: Disabled")
+    off = off.replace("n=120 ok=118 err=2 readMiB=480 ", "err=2 ").replace("n=64 ok=64 ", "")
+    stats = parse_nvfs_stats(off)
+    assert stats.io_stats_enabled is False and io_counts(stats) is None
+    assert not any("truncated" in w for w in stats.warnings), stats.warnings
+    assert parse_nvfs_stats("Reads : n=1\n").io_stats_enabled is None

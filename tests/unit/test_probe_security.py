@@ -55,6 +55,47 @@ def test_redactor_hides_each_secret_form(text: str, secret: str) -> None:
     assert redact_text(out) == out  # idempotent: redacting twice changes nothing
 
 
+@pytest.mark.parametrize(
+    ("text", "secrets"),
+    [
+        # vLLM's own start-up line (`non-default args: {...}`), --api-key as a list and a str
+        (
+            "INFO 12-04 non-default args: {'model': 'm', 'api_key': ['sk-aa1', 'sk-bb2']}",
+            ["sk-aa1", "sk-bb2"],
+        ),
+        ("INFO 12-04 args: Namespace(model='m', api_key='sk-cc3', port=8000)", ["sk-cc3"]),
+        ("INFO 12-04 non-default args: {'api_key': 'sk-dd4', 'port': 8000}", ["sk-dd4"]),
+        ('{"api_key": ["sk-ee5", "sk-ff6"], "port": 8000}', ["sk-ee5", "sk-ff6"]),
+        # HTTP authorization, any case, as a header line or a curl argument
+        ("Authorization: Bearer tok-gg7", ["tok-gg7"]),
+        ("authorization: bearer tok-hh8", ["tok-hh8"]),
+        ('curl -H "AUTHORIZATION: Bearer tok-ii9" http://h/v1/models', ["tok-ii9"]),
+        ("proxy_authorization=Basic dXNlcjpwYXNz", ["dXNlcjpwYXNz"]),
+        ("GET /v1/models 401 (header Bearer tok-jj0 rejected)", ["tok-jj0"]),
+        # YAML values written as a block or a list
+        ("api_key:\n  - sk-kk1\n  - sk-ll2\nchunk_size: 256\n", ["sk-kk1", "sk-ll2"]),
+        ("api_key:\n- sk-mm3\nchunk_size: 256\n", ["sk-mm3"]),
+        ("hf_token: |\n  abc-nn4\n  def-oo5\nchunk_size: 256\n", ["abc-nn4", "def-oo5"]),
+        ("extra_config:\n  remote_auth_token: >-\n    pp6-folded\n  x: 1\n", ["pp6-folded"]),
+        ("api_key: [sk-qq7, sk-rr8]\n", ["sk-qq7", "sk-rr8"]),
+        ('{\n  "api_key": [\n    "sk-ss9"\n  ],\n  "port": 1\n}', ["sk-ss9"]),
+        ('{\n  "auth": {\n    "user": "u-tt0"\n  }\n}', ["u-tt0"]),
+    ],
+)
+def test_redactor_hides_vllm_bearer_and_yaml_block_forms(text: str, secrets: list[str]) -> None:
+    out = redact_text(text)
+    assert REDACTED in out
+    for secret in secrets:
+        assert secret not in out, out
+    assert redact_text(out) == out
+
+
+def test_redactor_keeps_what_follows_a_yaml_secret_block() -> None:
+    text = "api_key:\n  - sk-1\nchunk_size: 256\nlocal_cpu: false\n"
+    out = redact_text(text)
+    assert out.endswith("chunk_size: 256\nlocal_cpu: false\n") and "api_key:" in out
+
+
 def test_redactor_keeps_ordinary_settings_readable() -> None:
     text = "--max-num-batched-tokens 8192 --tokenizer /m iommu=pt chunk_size: 256 passthrough=1"
     assert redact_text(text) == text
