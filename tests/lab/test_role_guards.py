@@ -8,6 +8,7 @@ distribution's stack), no OFED kernel stack before nvidia-fs, nvidia-fs built be
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -153,8 +154,10 @@ def test_a_repository_key_with_another_fingerprint_is_refused_before_the_reposit
     assert not _installed(guard, "nvidia-driver-580-open")
 
 
-def _another_key(home: Path) -> tuple[str, bytes, bytes]:
-    """A second real signing key made here: its fingerprint, binary and armored exports."""
+@contextlib.contextmanager
+def _signing_key(home: Path, uid: str) -> Iterator[tuple[str, Callable[..., bytes]]]:
+    """A real ed25519 signing key made here in its own GNUPGHOME: its fingerprint and a `gpg`
+    runner for that home; the agent is stopped afterwards."""
     if shutil.which("gpg") is None:
         unavailable("gpg is missing (as root, `scripts/system-deps.sh` installs it)")
     home.mkdir(mode=0o700)
@@ -166,13 +169,17 @@ def _another_key(home: Path) -> tuple[str, bytes, bytes]:
         ).stdout
 
     try:
-        gpg("--passphrase", "", "--quick-gen-key", "not the vendor <x@example.invalid>",
-            "ed25519", "sign", "never")  # fmt: skip
+        gpg("--passphrase", "", "--quick-gen-key", uid, "ed25519", "sign", "never")
         colons = gpg("--with-colons", "--list-keys").decode().splitlines()
-        fingerprint = next(line.split(":")[9] for line in colons if line.startswith("fpr:"))
-        return fingerprint, gpg("--export", fingerprint), gpg("--armor", "--export", fingerprint)
+        yield next(line.split(":")[9] for line in colons if line.startswith("fpr:")), gpg
     finally:
         subprocess.run(["gpgconf", "--kill", "all"], env=env, check=False, capture_output=True)
+
+
+def _another_key(home: Path) -> tuple[str, bytes, bytes]:
+    """A second real signing key made here: its fingerprint, binary and armored exports."""
+    with _signing_key(home, "not the vendor <x@example.invalid>") as (fingerprint, gpg):
+        return fingerprint, gpg("--export", fingerprint), gpg("--armor", "--export", fingerprint)
 
 
 def test_a_repository_key_file_with_a_second_key_is_refused(
@@ -229,22 +236,10 @@ _GDS_ALL = [
 def _signed_flat_repo(directory: Path) -> str:
     """An empty flat apt repository laid out as DOCA's (InRelease, and doca_keyring.gpg, a binary
     keyring, in the repository directory), signed by a key made here; returns its fingerprint."""
-    if shutil.which("gpg") is None:
-        unavailable("gpg is missing (as root, `scripts/system-deps.sh` installs it)")
-    home = directory.parent / "gnupg"
-    home.mkdir(mode=0o700)
-    env = {**os.environ, "GNUPGHOME": str(home)}
-
-    def gpg(*argv: str) -> bytes:
-        return subprocess.run(
-            ["gpg", "--batch", *argv], env=env, capture_output=True, check=True
-        ).stdout
-
-    try:
-        gpg("--passphrase", "", "--quick-gen-key", "kvops lab DOCA <lab@example.invalid>",
-            "ed25519", "sign", "never")  # fmt: skip
-        colons = gpg("--with-colons", "--list-keys").decode().splitlines()
-        fingerprint = next(line.split(":")[9] for line in colons if line.startswith("fpr:"))
+    with _signing_key(directory.parent / "gnupg", "kvops lab DOCA <lab@example.invalid>") as (
+        fingerprint,
+        gpg,
+    ):
         directory.mkdir()
         (directory / "doca_keyring.gpg").write_bytes(gpg("--export", fingerprint))
         packages = b""  # no packages: the lab's own source carries the DOCA test doubles
@@ -256,8 +251,6 @@ def _signed_flat_repo(directory: Path) -> str:
         )
         gpg("--local-user", fingerprint, "--clearsign", "--output",
             str(directory / "InRelease"), str(directory / "Release"))  # fmt: skip
-    finally:
-        subprocess.run(["gpgconf", "--kill", "all"], env=env, check=False, capture_output=True)
     return fingerprint
 
 
