@@ -32,6 +32,8 @@ from kvops.parse.prometheus import PrometheusText, parse_prometheus_text
 from kvops.smoke import chunk_files
 from kvops.smoke.judge import (
     COUNTERS,
+    LMCACHE_HIT,
+    LMCACHE_STORED,
     ChunkFile,
     Eviction,
     MetricsSnapshot,
@@ -151,15 +153,37 @@ def kv_capacity_tokens(metrics: PrometheusText) -> int | None:
     return None
 
 
-async def _settled(server: _Server) -> MetricsSnapshot:
-    """Counters may land a moment after the stream ends; read until two reads agree (≤ 2 s)."""
+# LMCache publishes its counters from a stats thread every 10 s (lmcache/v1/cache_engine.py,
+# `LMCacheStatsLogger(metadata, log_interval=10)` in 0.5.6): right after a request they can still
+# read the old value.
+LMCACHE_PUBLISH_S = 12.0
+
+
+async def _settled(
+    server: _Server, lmcache_rise: tuple[MetricsSnapshot, str] | None = None
+) -> MetricsSnapshot:
+    """Counters may land a moment after the stream ends; read until two reads agree (≤ 2 s).
+
+    `lmcache_rise` (snapshot, LMCache counter): on an LMCache engine, also wait (≤ 12 s) for that
+    counter to rise above the snapshot's value, as LMCache publishes with a delay; a counter that
+    stays flat is then judged as flat, only later."""
     last = snapshot(await server.metrics())
     for _ in range(8):
         await asyncio.sleep(0.25)
         now = snapshot(await server.metrics())
         if now == last:
-            return now
+            break
         last = now
+    if lmcache_rise is None or not last.has_lmcache:
+        return last
+    base, name = lmcache_rise
+    deadline = asyncio.get_running_loop().time() + LMCACHE_PUBLISH_S
+    while asyncio.get_running_loop().time() < deadline:
+        was, now_value = base.get(name), last.get(name)
+        if was is None or now_value is None or now_value > was:
+            break
+        await asyncio.sleep(0.5)
+        last = snapshot(await server.metrics())
     return last
 
 
@@ -240,7 +264,7 @@ class SmokeRunner:
             await self._send(session, endpoint, p, f"prompt {i + 1} cold")
             for i, p in enumerate(prompts)
         ]
-        after_first = await _settled(server)
+        after_first = await _settled(server, (before, LMCACHE_STORED))
 
         eviction = await self._evict(session, server, endpoint, pool, max_len)
         before_resend = await _settled(server)
@@ -248,7 +272,7 @@ class SmokeRunner:
             await self._send(session, endpoint, p, f"prompt {i + 1} re-sent")
             for i, p in enumerate(prompts)
         ]
-        after_resend = await _settled(server)
+        after_resend = await _settled(server, (before_resend, LMCACHE_HIT))
 
         new: list[ChunkFile] = []
         files_after: set[str] = set()

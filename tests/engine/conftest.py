@@ -1,14 +1,21 @@
-"""Session fixtures for the real-engine tier: a CPU vLLM, a tiny local model, two engines.
+"""Session fixtures for the real-engine tier: a CPU vLLM, the real LMCache, a tiny local model.
 
-Why: everything kvops measures must also hold against an engine nobody here wrote. These
-fixtures install vLLM's CPU build into its own cached virtualenv (tests/engine/install_engine.sh),
-build a seeded tiny Llama with a locally trained tokenizer (tests/engine/build_tiny_model.py),
-and start two real `vllm serve` processes on 127.0.0.1:
+Why: everything kvops measures must also hold against an engine nobody here wrote, and the
+offload it deploys must be the one that runs. These fixtures install vLLM's CPU build and the
+LMCache version the vllm_lmcache role pins into their own cached virtualenv
+(tests/engine/install_engine.sh), build a seeded tiny Llama with a locally trained tokenizer
+(tests/engine/build_tiny_model.py), and start two real `vllm serve` processes on 127.0.0.1 whose
+command line, environment and LMCache YAML are rendered by Ansible's templar from the role's
+own defaults, vars and templates (`render_role`), as a play would render them:
 
-- `baseline`: prefix caching on, KV cache capped to 40 blocks (5,120 tokens) so several long
-  prefixes cannot all stay resident;
-- `offload`: the same plus vLLM's ExampleConnector writing KV to a temporary directory — a real
-  second cache tier through the interface LMCache plugs into.
+- `baseline`: the role's `baseline` variant (prefix caching only);
+- `offload`: the role's `offload` variant: LMCache through the role's connector JSON, its GDS
+  backend on a temporary `gds_path`. The only stand-in is LMCache's device seam
+  (tests/engine/lmcache_device_seam_double.py, a test double loaded through the engine venv's
+  .pth file only when KVOPS_TEST_LMCACHE_DEVICE_SEAM names it).
+
+Both run with the tier's CPU arguments (`CPU_ARGS`): KV cache capped to 40 blocks (5,120 tokens)
+so several long prefixes cannot all stay resident, float32, eager mode.
 
 Both are pinned to the same CPU (VLLM_CPU_OMP_THREADS_BIND) because a connector-enabled vLLM was
 seen to take twice the threads of its baseline otherwise. Each runs in its own process group and
@@ -37,7 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 from ci_rule import unavailable
+from role_files import role_vars_file
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -52,6 +61,30 @@ OMP_BIND = os.environ.get("KVOPS_ENGINE_OMP_BIND", "0")
 START_TIMEOUT_S = 420.0
 
 TIMINGS: dict[str, float] = {}
+
+ROLE = REPO / "roles" / "vllm_lmcache"
+SEAM_DOUBLE = HERE / "lmcache_device_seam_double.py"
+# The tier's additions to the role's command line (vllm_lmcache_extra_args): what a CPU vLLM on
+# two cores needs, and the prefix-cache/usage features the tests read.
+CPU_ARGS = [
+    "--enable-prefix-caching",
+    "--enable-prompt-tokens-details",
+    "--dtype",
+    "float32",
+    "--num-gpu-blocks-override",
+    str(NUM_GPU_BLOCKS),
+    "--enforce-eager",
+]
+# Role variables the tier sets, beyond paths and ports: sizes for a 2-core, few-GB test host (the
+# defaults are an 8 GiB GDS buffer and 5 GB of CPU staging per rank), and `use_gds: false`
+# through the role's own override (vllm_lmcache_config): cuFile is a device API; LMCache's POSIX
+# fallback is the same backend's code path without it.
+ROLE_TEST_VARS: dict[str, object] = {
+    "vllm_lmcache_gds_buffer_mib": 256,
+    "vllm_lmcache_staging_cpu_gb_per_rank": 0.5,
+    "vllm_lmcache_config": {"use_gds": False},
+    "vllm_lmcache_dev_mode": True,  # VLLM_SERVER_DEV_MODE=1: POST /reset_prefix_cache
+}
 
 
 def _record(name: str, seconds: float) -> None:
@@ -192,6 +225,58 @@ def _reap_stale_engines() -> None:
 
 
 @dataclass
+class RoleRendering:
+    """What roles/vllm_lmcache would deploy for one variant: the service's command line, its
+    environment file and (offload variants) the LMCache YAML, rendered from the role's files."""
+
+    variant: str
+    argv: list[str]
+    env: dict[str, str]
+    lmcache_yaml: str | None
+    variables: dict[str, object]
+
+
+def render_role(variant: str, **role_vars: object) -> RoleRendering:
+    """Render the vllm_lmcache role's own expressions with Ansible's templar, as a play does:
+    ExecStart (`_vllm_lmcache_exec_start`), templates/service.env.j2 and the `content` of the
+    task that writes lmcache.yaml (tasks/present.yml). A changed default, template or vars
+    expression in the role changes what the engine tier runs."""
+    import shlex
+
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    variables: dict[str, object] = {}
+    for path in (ROLE / "defaults" / "main.yml", ROLE / "vars" / "main.yml"):
+        variables.update(role_vars_file(path))
+    variables.update(ROLE_TEST_VARS)
+    variables.update(role_vars)
+    variables.update(
+        vllm_lmcache_variant=variant,
+        ansible_facts={"os_family": "Debian"},
+        ansible_managed="rendered by the kvops engine tier (tests/engine/conftest.py)",
+    )
+    templar = Templar(loader=DataLoader(), variables=variables)
+
+    def render(text: str) -> object:
+        return templar.template(trust_as_template(text))
+
+    argv = shlex.split(str(render("{{ _vllm_lmcache_exec_start }}")))
+    env_text = str(render((ROLE / "templates" / "service.env.j2").read_text()))
+    env = dict(
+        line.split("=", 1)
+        for line in env_text.splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+    lmcache_yaml = None
+    if render("{{ _vllm_lmcache_offload }}") is True:
+        tasks = yaml.safe_load((ROLE / "tasks" / "present.yml").read_text())
+        (task,) = [t for t in tasks if t.get("name") == "present | Write the LMCache configuration"]
+        lmcache_yaml = str(render(task["ansible.builtin.copy"]["content"]))
+    return RoleRendering(variant, argv, env, lmcache_yaml, variables)
+
+
+@dataclass
 class Engine:
     """One running `vllm serve` (its own process group) and where to find its traces."""
 
@@ -202,70 +287,88 @@ class Engine:
     kv_dir: Path | None = None
     started_s: float = 0.0
     args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    role: RoleRendering | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
     def log_tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(self.log_text().splitlines()[-lines:])
 
     def stop(self) -> None:
         _kill_group(self.proc.pid, self.proc)
 
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        wait_ready(self, timeout_s)
+
 
 def launch_engine(
-    name: str, venv: Path, model: Path, kv_dir: Path | None = None, extra: list[str] | None = None
+    name: str,
+    venv: Path,
+    model: Path,
+    variant: str,
+    root: Path,
+    *,
+    seam: bool = True,
+    gds_dir: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Engine:
-    """Start `vllm serve` in its own process group; `wait_ready` blocks until /health is 200."""
+    """Start the role's `variant` as `vllm serve` in its own process group, its config files
+    under `root` (etc/, home/, gds/); `wait_ready` blocks until /health is 200.
+
+    `seam`: load LMCache's device-seam test double (offload variants; False shows what LMCache
+    does on this host without it). `gds_dir`: another engine's gds_path (cross-process reuse).
+    `extra_env` goes over everything (negative controls)."""
     port = _free_port()
-    args = [
-        str(venv / "bin" / "vllm"),
-        "serve",
-        str(model),
-        "--served-model-name",
-        "tiny",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--enable-prefix-caching",
-        "--enable-prompt-tokens-details",
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--dtype",
-        "float32",
-        "--num-gpu-blocks-override",
-        str(NUM_GPU_BLOCKS),
-        "--enforce-eager",
-        *(extra or []),
-    ]
-    if kv_dir is not None:
-        connector = {
-            "kv_connector": "ExampleConnector",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": {"shared_storage_path": str(kv_dir)},
-        }
-        args += ["--kv-transfer-config", json.dumps(connector)]
+    gds = gds_dir or root / "gds"
+    role = render_role(
+        variant,
+        vllm_lmcache_model=str(model),
+        vllm_lmcache_served_model_name="tiny",
+        vllm_lmcache_listen_address="127.0.0.1",
+        vllm_lmcache_port=port,
+        vllm_lmcache_max_model_len=MAX_MODEL_LEN,
+        vllm_lmcache_venv_path=str(venv),
+        vllm_lmcache_config_dir=str(root / "etc"),
+        vllm_lmcache_service_home=str(root / "home"),
+        vllm_lmcache_gds_dir=str(gds),
+        vllm_lmcache_extra_args=CPU_ARGS,
+    )
+    # What the role's tasks create before the start: the config directory and its files, the
+    # service home with the Prometheus multiprocess directory (emptied at each start), the GDS
+    # directory (nfs_rdma_mount's job on a real host).
+    (root / "etc").mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(role.env["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+    Path(role.env["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True)
+    kv_dir = None
+    if role.lmcache_yaml is not None:
+        Path(role.env["LMCACHE_CONFIG_FILE"]).write_text(role.lmcache_yaml)
+        kv_dir = gds
+        kv_dir.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": OMP_BIND,
-        "VLLM_SERVER_DEV_MODE": "1",  # serves POST /reset_prefix_cache
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "PYTHONHASHSEED": "0",
+        **role.env,
     }
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env.pop("KVOPS_TEST_LMCACHE_DEVICE_SEAM", None)
+    env.pop("KVOPS_TEST_LMCACHE_SEAM_CORRUPT", None)
+    if seam and role.lmcache_yaml is not None:
+        env["KVOPS_TEST_LMCACHE_DEVICE_SEAM"] = str(SEAM_DOUBLE)
+    env.update(extra_env or {})
     RUNS.mkdir(parents=True, exist_ok=True)
     log_path = RUNS / f"vllm-{name}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            args,
+            role.argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -274,7 +377,7 @@ def launch_engine(
         )
     with PIDFILE.open("a") as fh:
         fh.write(f"{proc.pid}\n")
-    return Engine(name, port, proc, log_path, kv_dir, time.monotonic(), args)
+    return Engine(name, port, proc, log_path, kv_dir, time.monotonic(), role.argv, env, role)
 
 
 def wait_ready(engine: Engine, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -301,11 +404,15 @@ def engines(
     """Both arms, started together (their start-up is mostly single-threaded Python) and
     stopped together at the end of the session, whatever happened in between."""
     _reap_stale_engines()
-    kv_dir = tmp_path_factory.mktemp("example-connector-kv")
+    root = tmp_path_factory.mktemp("engines")
     started: dict[str, Engine] = {}
     try:
-        started["baseline"] = launch_engine("baseline", engine_venv, tiny_model)
-        started["offload"] = launch_engine("offload", engine_venv, tiny_model, kv_dir=kv_dir)
+        started["baseline"] = launch_engine(
+            "baseline", engine_venv, tiny_model, "baseline", root / "baseline"
+        )
+        started["offload"] = launch_engine(
+            "offload", engine_venv, tiny_model, "offload", root / "offload"
+        )
         for engine in started.values():
             try:
                 wait_ready(engine)
@@ -318,7 +425,13 @@ def engines(
         for engine in started.values():
             engine.stop()
         PIDFILE.unlink(missing_ok=True)
-        shutil.rmtree(kv_dir, ignore_errors=True)  # ~2 MB of KV per prompt: hundreds of MB
+        shutil.rmtree(root, ignore_errors=True)  # LMCache's chunk files: hundreds of MB
+
+
+@pytest.fixture(scope="session")
+def engine_launcher() -> Callable[..., Engine]:
+    """`launch_engine`, for tests that start engines of their own (stopped by them)."""
+    return launch_engine
 
 
 @pytest.fixture(scope="session")

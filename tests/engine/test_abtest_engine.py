@@ -1,9 +1,10 @@
-"""`kvops ab-test` against the two real vLLM engines, on workloads shaped for the ExampleConnector
-(block-aligned 1,920-token prefixes = 15 x 128, 64-token suffixes, so prompt[:-1] aligned down
-to the block size is exactly the prefix the connector keys on).
+"""`kvops ab-test` against the two real vLLM engines of the role's variants (baseline, and offload
+through the real LMCache), on 1,920-token shared prefixes (15 x 128-token blocks) with 64-token
+suffixes. LMCache stores and serves full 256-token chunks only: 1,792 tokens of each prefix
+(7 chunks) come back from it, the rest is computed.
 
 - four prefixes overflow the 5,120-token KV cache: offload's mean TTFT is clearly lower and its
-  external prefix-cache hits rise;
+  external prefix-cache hits rise by LMCache's full chunks for every measured request;
 - one prefix stays resident, and unique prompts share nothing: no gain, and the verdicts say so.
 
 Each run's directory (records, results.json, report.md/html) is kept under runs/engine/.
@@ -32,6 +33,8 @@ Cli = Callable[..., subprocess.CompletedProcess[str]]
 RUNS = Path(__file__).resolve().parents[2] / "runs" / "engine"
 PREFIX_TOKENS = 1920
 SUFFIX_TOKENS = 64
+CHUNK_TOKENS = 256  # the role's vllm_lmcache_chunk_size
+LMCACHE_PREFIX_TOKENS = PREFIX_TOKENS // CHUNK_TOKENS * CHUNK_TOKENS  # 1,792
 
 WORKLOADS = {
     "overflow": {"num_prefixes": 4, "prefix_tokens": PREFIX_TOKENS},
@@ -53,7 +56,7 @@ def _ab_test(
     out.parent.mkdir(parents=True, exist_ok=True)
     spec = {
         "name": f"engine-{name}",
-        "description": f"engine tier: {name} (ExampleConnector-shaped)",
+        "description": f"engine tier: {name} (real LMCache offload)",
         **WORKLOADS[name],
         "prompt_tokens": PREFIX_TOKENS + SUFFIX_TOKENS,
         "output_tokens": 4,
@@ -104,8 +107,9 @@ def test_overflowing_prefixes_offload_lowers_ttft(
     hits0 = _external_hits(offload_engine.url)
     # Cyclic order (request j uses prefix j mod 4): with four 1,984-token prompts against a
     # 5,120-token cache, LRU has always evicted the next prefix, so every measured request is
-    # exactly one connector hit. The default shuffled order repeats a prefix back to back now
-    # and then, which the GPU cache serves, and the count would only be a lower bound.
+    # one LMCache hit of the prefix's full chunks. The default shuffled order repeats a prefix
+    # back to back now and then, which the GPU cache serves, and the count would only be a
+    # lower bound.
     # Four trials: the verdict is a paired Student-t interval over trial deltas; with two (t = 12.7)
     # even an 80% lower TTFT read "no significant difference" on a busy 2-core host.
     doc = _ab_test(
@@ -119,19 +123,19 @@ def test_overflowing_prefixes_offload_lowers_ttft(
     assert scenario["verdict"] == "helps"
     for arm in ("baseline", "offload"):
         assert scenario["arms"][arm]["metrics"]["errors"] == 0
-    # measured requests: 4 trials x 3 iterations x 4 = 48, each a 1,920-token connector hit
-    assert hits1 - hits0 >= 48 * PREFIX_TOKENS
+    # measured requests: 4 trials x 3 iterations x 4 = 48, each a 1,792-token LMCache hit
+    assert hits1 - hits0 >= 48 * LMCACHE_PREFIX_TOKENS
 
 
 @pytest.mark.parametrize("name", ["resident", "unique"])
 def test_no_gain_without_overflowing_reuse(
     name: str, baseline_engine: Engine, offload_engine: Engine, kvops_cli: Cli
 ) -> None:
-    """No gain: the connector serves (almost) nothing, and the one-line verdict and the median
-    TTFT say "no significant difference" or "hurts" (the ExampleConnector writes every prompt
-    synchronously, so offload may be a little slower). Four trials (ABBA twice) and the median:
-    these requests take 20-200 ms, so one delayed by a busy neighbour on 2 shared cores, or a
-    drifting neighbour load, must not read as an offload effect."""
+    """No gain: LMCache serves (almost) nothing, and the one-line verdict and the median
+    TTFT say "no significant difference" or "hurts" (LMCache stores every new prompt's full
+    chunks as it is computed, so offload may be a little slower). Four trials (ABBA twice) and
+    the median: these requests take 20-200 ms, so one delayed by a busy neighbour on 2 shared
+    cores, or a drifting neighbour load, must not read as an offload effect."""
     trials = 4
     load = os.getloadavg()[0]
     hits0 = _external_hits(offload_engine.url)

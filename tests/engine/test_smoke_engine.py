@@ -1,5 +1,6 @@
-"""`kvops smoke --url` against real vLLM engines: passes with the ExampleConnector, and fails with
-"offload not configured" on the prefix-caching-only baseline."""
+"""`kvops smoke --url` against real vLLM engines: passes on the role's offload variant (the real
+LMCache, its GDS backend writing chunk files), and fails with "offload not configured" on the
+role's prefix-caching-only baseline."""
 
 from __future__ import annotations
 
@@ -33,15 +34,13 @@ def test_smoke_passes_on_the_offload_engine(offload_engine: Engine, kvops_cli: C
     assert items["offload"]["status"] == "PASS"
     assert items["eviction"]["status"] == "PASS"
     assert "reset_prefix_cache" in items["eviction"]["message"]
-    assert items["stored_tokens"] == {
-        "name": "stored_tokens",
-        "status": "SKIP",
-        "message": "no LMCache metrics: not an LMCache engine",
-    }
+    assert items["offload"]["message"] == "LMCache metrics present: an LMCache engine"
+    assert items["stored_tokens"]["status"] == "PASS", items["stored_tokens"]
+    assert items["retrieved_tokens"]["status"] == "PASS", items["retrieved_tokens"]
     assert items["external_hits"]["status"] == "PASS"
     assert items["ttft"]["status"] == "PASS"
-    assert items["chunk_files"]["status"] == "PASS"
-    assert "connector files" in items["chunk_files"]["message"]
+    assert items["chunk_files"]["status"] == "PASS", items["chunk_files"]
+    assert "LMCache chunk files (*.kvcache.safetensors)" in items["chunk_files"]["message"]
 
 
 def test_smoke_evicts_with_fillers_sized_from_the_metrics(

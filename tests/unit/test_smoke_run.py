@@ -1,16 +1,20 @@
 """The smoke runner's offline helpers: chunk-file listing and LMCache header checks, KV capacity
-from vLLM's metrics, and the CLI's surface."""
+from vLLM's metrics, waiting for LMCache's delayed counters, and the CLI's surface."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from kvops.cli import main
-from kvops.parse.prometheus import parse_prometheus_text
+from kvops.parse.prometheus import PrometheusText, parse_prometheus_text
+from kvops.smoke import run as smoke_run
 from kvops.smoke.run import describe_chunk_file, kv_capacity_tokens, list_chunk_files, snapshot
 
 
@@ -87,3 +91,44 @@ def test_cli_lists_smoke_and_its_options() -> None:
     for option in ("--url", "--gds-dir", "--json", "--model", "--prompt-tokens", "--timeout"):
         assert option in result.output
     assert CliRunner().invoke(main, ["smoke"]).exit_code == 2  # --url is required
+
+
+class _DelayedLMCache:
+    """/metrics of an LMCache engine whose stored-token counter is published late (LMCache's
+    stats thread pushes every 10 s): `flat_reads` reads of 0, then 1,536."""
+
+    def __init__(self, flat_reads: int) -> None:
+        self.reads = 0
+        self.flat_reads = flat_reads
+
+    async def metrics(self) -> PrometheusText:
+        self.reads += 1
+        value = 0.0 if self.reads <= self.flat_reads else 1536.0
+        return parse_prometheus_text(
+            f"# TYPE lmcache:num_stored_tokens counter\nlmcache:num_stored_tokens_total {value}\n"
+        )
+
+
+def _settle(server: Any, base_value: float) -> float | None:
+    base = snapshot(parse_prometheus_text(f"lmcache:num_stored_tokens_total {base_value}\n"))
+    settled = asyncio.run(smoke_run._settled(server, (base, "lmcache:num_stored_tokens")))
+    return settled.get("lmcache:num_stored_tokens")
+
+
+def test_settled_waits_for_lmcache_to_publish_a_rise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(smoke_run.asyncio, "sleep", _no_sleep)
+    # flat for longer than the two-equal-reads rule alone would wait
+    assert _settle(_DelayedLMCache(flat_reads=6), 0.0) == 1536.0
+
+
+def test_settled_gives_up_on_a_flat_lmcache_counter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(smoke_run, "LMCACHE_PUBLISH_S", 0.05)
+    server = _DelayedLMCache(flat_reads=10**9)
+    assert _settle(server, 0.0) == 0.0  # judged flat (FAIL), only later
+
+
+_SLEEP = asyncio.sleep
+
+
+async def _no_sleep(_: float) -> None:
+    await _SLEEP(0)
