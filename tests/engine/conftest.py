@@ -42,6 +42,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -261,18 +262,35 @@ def render_role(variant: str, **role_vars: object) -> RoleRendering:
     def render(text: str) -> object:
         return templar.template(trust_as_template(text))
 
+    tasks = yaml.safe_load((ROLE / "tasks" / "present.yml").read_text())
+
+    def task(name: str) -> dict[str, Any]:
+        (found,) = [t for t in tasks if t.get("name") == f"present | {name}"]
+        return dict(found)
+
     argv = shlex.split(str(render("{{ _vllm_lmcache_exec_start }}")))
-    env_text = str(render((ROLE / "templates" / "service.env.j2").read_text()))
-    env = dict(
-        line.split("=", 1)
-        for line in env_text.splitlines()
-        if line.strip() and not line.startswith("#")
-    )
+    env: dict[str, str] = {}
+    # both environment files, each with its task's own vars, as systemd reads them both
+    for name in ("Write the environment file", "Write the secret environment file"):
+        template = Templar(
+            loader=DataLoader(),
+            variables={**variables, **{k: render(v) for k, v in task(name)["vars"].items()}},
+        )
+        text = str(
+            template.template(
+                trust_as_template((ROLE / "templates" / "service.env.j2").read_text())
+            )
+        )
+        env.update(
+            line.split("=", 1)
+            for line in text.splitlines()
+            if line.strip() and not line.startswith("#")
+        )
     lmcache_yaml = None
     if render("{{ _vllm_lmcache_offload }}") is True:
-        tasks = yaml.safe_load((ROLE / "tasks" / "present.yml").read_text())
-        (task,) = [t for t in tasks if t.get("name") == "present | Write the LMCache configuration"]
-        lmcache_yaml = str(render(task["ansible.builtin.copy"]["content"]))
+        copy = task("Write the LMCache configuration")["ansible.builtin.copy"]
+        content = copy["content"]
+        lmcache_yaml = str(render(content))
     return RoleRendering(variant, argv, env, lmcache_yaml, variables)
 
 
