@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from kvops.report.host_text import printable
+from kvops.report.host_text import markdown_code, markdown_fence, markdown_inline, printable
 
 _HEAD = ["#", "arm", "variant", "status", "started", "s", "changed tasks", "error"]
 
@@ -79,10 +79,12 @@ def _environment(view: dict[str, Any]) -> str:
 
 
 def deploy_markdown(deploy: dict[str, Any]) -> list[str]:
-    out = ["## Deploys", "", _intro(deploy), ""]
+    out = ["## Deploys", "", markdown_inline(_intro(deploy)), ""]
     out += ["| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
     rows = _outcome_rows(deploy)
-    out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    out += [
+        "| " + " | ".join(markdown_inline(c).replace("|", "\\|") for c in r) + " |" for r in rows
+    ]
     for name, arm in deploy["arms"].items():
         out += [
             "",
@@ -91,14 +93,16 @@ def deploy_markdown(deploy: dict[str, Any]) -> list[str]:
             f"{arm['deploys']} deploy(s), {arm['failed']} failed; last: {arm['last_status']}.",
         ]
         for host, view in arm["deployed"].items():
-            name = printable(host, one_line=True)
-            out += ["", f"- `{name}`: {_versions(view)}", f"- command: `{_command(view)}`"]
-            out += [f"- environment: `{_environment(view)}`"]
+            name = markdown_code(host)
+            out += ["", f"- {name}: {markdown_inline(_versions(view))}"]
+            out += [f"- command: {markdown_code(_command(view))}"]
+            out += [f"- environment: {markdown_code(_environment(view))}"]
             if view["kv_transfer_config"]:
-                out += [f"- connector: `{json.dumps(view['kv_transfer_config'])}`"]
+                out += [f"- connector: {markdown_code(json.dumps(view['kv_transfer_config']))}"]
             if view["lmcache_config"]:
-                out += ["- LMCache config:", "", "```yaml", _config_yaml(view["lmcache_config"])]
-                out += ["```"]
+                config = _config_yaml(view["lmcache_config"])
+                fence = markdown_fence(config)
+                out += ["- LMCache config:", "", f"{fence}yaml", config, fence]
             else:
                 out += ["- LMCache config: none (no KV connector in this variant)"]
     return out

@@ -20,7 +20,7 @@ from kvops.abtest.result_types import RunResults
 from kvops.report.abtest_deploy import deploy_html, deploy_markdown
 from kvops.report.abtest_plots import write_plots
 from kvops.report.abtest_table import fmt_num, fmt_pct, protocol_line
-from kvops.report.host_text import printable
+from kvops.report.host_text import markdown_inline, printable
 from kvops.workload.record import RequestRecord
 
 
@@ -90,11 +90,11 @@ def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:
         + (f" {doc.status_detail}." if doc.status_detail else "")
     )
     out = ["# kvops ab-test report", "", status, "", "## Arms", ""]
-    out += [f"- {line}" for line in _arm_lines(doc)]
+    out += [f"- {markdown_inline(line)}" for line in _arm_lines(doc)]
     if doc.deploy:
         out += ["", *deploy_markdown(doc.deploy)]
     if doc.warnings:
-        out += ["", "## Warnings", ""] + [f"- {printable(w, one_line=True)}" for w in doc.warnings]
+        out += ["", "## Warnings", ""] + [f"- {markdown_inline(w)}" for w in doc.warnings]
     for name, sc in doc.scenarios.items():
         out += ["", f"## {name}: offload {sc.verdict}", "", f"({protocol_line(doc, sc)})", ""]
         out += ["| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]

@@ -54,3 +54,29 @@ def json_safe(document: str) -> str:
     document for any parser, nothing a terminal acts on when it is printed. Outside strings
     JSON text is ASCII structure and LF/TAB whitespace, so only string contents change."""
     return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", document)
+
+
+# Markdown: raw HTML passes through CommonMark (https://spec.commonmark.org/0.31.2/#raw-html),
+# so a host's `<img src=x onerror=...>` would be live in any viewer that renders it; entity
+# references show the characters instead (§2.5). Only these three are replaced: ordinary
+# host text (versions, models, URLs) has none and keeps its bytes.
+_MD_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def markdown_inline(text: object) -> str:
+    """One-line host text for Markdown prose or a table cell: `printable`, no raw HTML."""
+    return "".join(_MD_HTML.get(ch, ch) for ch in printable(text, one_line=True))
+
+
+def markdown_code(text: object) -> str:
+    """One-line host text as a Markdown code span whose fence no backtick in it can close
+    (CommonMark §6.1: a span closes on a backtick string of the same length)."""
+    body = printable(text, one_line=True)
+    fence = "`" * (max((len(run) for run in re.findall("`+", body)), default=0) + 1)
+    pad = " " if body.startswith("`") or body.endswith("`") else ""
+    return f"{fence}{pad}{body}{pad}{fence}"
+
+
+def markdown_fence(text: str) -> str:
+    """A fence for a code block of `text` that no line of it can close (§4.5)."""
+    return "`" * max(3, max((len(run) for run in re.findall("`+", text)), default=0) + 1)

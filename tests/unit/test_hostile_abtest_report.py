@@ -64,7 +64,25 @@ def test_markdown_shows_hostile_text_on_its_own_lines() -> None:
     assert not _UNSAFE.findall(md)
     assert "\n## offload: helps" not in md  # no heading forged from a version string
     assert "version [/] [bold red]x[/bold red] \\x1b[2K\\x1b[1A\\x07\\x9b2J\\r\\x00\\u202e" in md
-    assert md.count("\\n## offload: helps <b>") >= 6  # arm, warning, deploy rows and lists
+    shown = md.count("\\n## offload: helps <b>") + md.count("\\n## offload: helps &lt;b&gt;")
+    assert shown >= 6  # arm, warning, deploy rows and lists
+    # raw HTML stays text: escaped in prose and cells, literal only inside code spans
+    no_blocks = re.sub(r"^(`{3,})yaml\n.*?^\1$", "", md, flags=re.S | re.M)
+    outside_code = re.sub(r"(`+).*?\1", "", no_blocks)
+    assert "<b>" not in outside_code and "&lt;b&gt;" in outside_code
+
+
+def test_markdown_code_spans_and_blocks_cannot_be_closed_by_host_text() -> None:
+    from kvops.report.host_text import markdown_code, markdown_fence, markdown_inline
+
+    assert markdown_code("a`b") == "``a`b``" and markdown_code("`x") == "`` `x ``"
+    assert markdown_fence("k: ```\nv: 1") == "````"
+    assert markdown_inline("<img src=x onerror=alert(1)> & 0.8.5") == (
+        "&lt;img src=x onerror=alert(1)&gt; &amp; 0.8.5"
+    )
+    assert (
+        markdown_inline("vllm 0.32.0+cpu, model tiny-llama") == "vllm 0.32.0+cpu, model tiny-llama"
+    )
 
 
 def test_html_escapes_hostile_text() -> None:
