@@ -120,7 +120,7 @@ def _walk_files(top: str, on_error: Callable[[str], None]) -> Iterator[os.DirEnt
             on_error(f"cannot list {path}: {exc.strerror}")
 
 
-def _chunk(entry: os.DirEntry[str]) -> Chunk | None:
+def _chunk(entry: os.DirEntry[str]) -> Chunk:
     st = entry.stat(follow_symlinks=False)
     meta_bytes = 0
     try:
@@ -178,21 +178,18 @@ class Pruner:
 
     def run(self) -> PruneReport:
         now = self.now_s()
-        protect_after = now - self.req.min_age_s
         cutoff = now - self.req.max_age_s if self.req.max_age_s is not None else None
+        counted = self.req.max_bytes is not None  # the budget's pass counts what is there
         if self.req.max_bytes is not None:
             by_minute, total, chunks = self._histogram()
+            self.report.bytes_found, self.report.chunks_found = total, chunks
             budget_cutoff = cutoff_for_budget(by_minute, total, self.req.max_bytes)
             if budget_cutoff is not None:
                 cutoff = budget_cutoff if cutoff is None else max(cutoff, budget_cutoff)
-            self.report.bytes_found, self.report.chunks_found = total, chunks
-            count_found = False
-        else:
-            count_found = True
         if cutoff is not None:
-            cutoff = min(cutoff, protect_after)
+            cutoff = min(cutoff, now - self.req.min_age_s)
         self.report.cutoff_unix_s = cutoff
-        self._remove(cutoff, now, count_found)
+        self._remove(cutoff, now, count_found=not counted)
         return self.report
 
     def _histogram(self) -> tuple[dict[int, int], int, int]:
@@ -205,8 +202,6 @@ class Pruner:
                 chunk = _chunk(entry)
             except OSError:
                 continue  # gone meanwhile (another pruner, or a rewrite): not counted
-            if chunk is None:
-                continue
             minute = int(chunk.used_unix_s // BUCKET_S)
             by_minute[minute] = by_minute.get(minute, 0) + chunk.size_bytes
             total += chunk.size_bytes
@@ -220,8 +215,6 @@ class Pruner:
             try:
                 if name.endswith(DATA_SUFFIX):
                     chunk = _chunk(entry)
-                    if chunk is None:
-                        continue
                     if count_found:
                         report.chunks_found += 1
                         report.bytes_found += chunk.size_bytes

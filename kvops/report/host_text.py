@@ -72,11 +72,15 @@ def markdown_code(text: object) -> str:
     """One-line host text as a Markdown code span whose fence no backtick in it can close
     (CommonMark §6.1: a span closes on a backtick string of the same length)."""
     body = printable(text, one_line=True)
-    fence = "`" * (max((len(run) for run in re.findall("`+", body)), default=0) + 1)
+    fence = "`" * (_longest_backtick_run(body) + 1)
     pad = " " if body.startswith("`") or body.endswith("`") else ""
     return f"{fence}{pad}{body}{pad}{fence}"
 
 
 def markdown_fence(text: str) -> str:
     """A fence for a code block of `text` that no line of it can close (§4.5)."""
-    return "`" * max(3, max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    return "`" * max(3, _longest_backtick_run(text) + 1)
+
+
+def _longest_backtick_run(text: str) -> int:
+    return max((len(run) for run in re.findall("`+", text)), default=0)
