@@ -52,9 +52,12 @@ def test_a_raising_callback_loses_no_host(forks: int, caplog: pytest.LogCaptureF
     # Each host keeps its real result: the callback's failure is not the host's.
     assert all(r.status is HostStatus.PROBE_FAILED for r in results)
     assert all("not supported" in str(r.reason) for r in results)
-    reported = [r for r in caplog.records if "gpu-01" in r.getMessage()]
-    assert len(reported) == 1 and "ValueError" in reported[0].getMessage()
-    assert not any("gpu-04" in r.getMessage() for r in caplog.records)  # reported once
+    # Reported once, naming the first failure: gpu-01 with one worker; with two, whichever
+    # worker's callback failed first (the threads' order is the scheduler's).
+    reported = [r.getMessage() for r in caplog.records if "ValueError" in r.getMessage()]
+    assert len(reported) == 1
+    failing = ["gpu-01"] if forks == 1 else ["gpu-01", "gpu-04"]
+    assert any(name in reported[0] for name in failing)
 
 
 @pytest.mark.parametrize("forks", [1, 2])
