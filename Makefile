@@ -11,6 +11,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   set up .venv and run kvops ab-test on the embedded simulated engines"
 	@echo "make test   install missing system packages (as root), set up .venv (dev extras), lint, whole suite"
+	@echo "            (the lab tier and the other tiers as two parallel pytest processes)"
 	@echo "make lint   only the lint gates;  make unit   only the unit tier"
 	@echo "make lab    (root) the local lab end to end: hosts, site.yml, deploy.yml, validate, smoke, ab-test --deploy"
 
@@ -40,8 +41,10 @@ unit: $(STAMP)
 system-deps:
 	@scripts/system-deps.sh
 
+# The lab tier beside the other three, as two pytest processes (tests/tiers.py): each one's log is
+# printed whole when it ends, then the slowest 20 tests of the whole suite; fails if either fails.
 test: system-deps lint
-	@$(BIN)/pytest -q --durations=20 $(PYTEST_ARGS)
+	@$(BIN)/python tests/tiers.py --pytest $(BIN)/pytest -- $(PYTEST_ARGS)
 
 lab: $(STAMP)
 	@$(BIN)/kvops lab demo

@@ -1,0 +1,216 @@
+"""`make test`'s runner: the suite's tiers as parallel pytest processes, one verdict.
+
+The lab tier spends most of its time in Ansible runs against lab hosts (about 1.2 to 1.5 cores
+of a 2-core machine, much of it waiting on SSH and the hosts' own processes); the other tiers
+are independent of it (their own servers, ports, temporary folders and caches). So the suite
+runs as two pytest processes side by side (``GROUPS``): the lab tier, and unit + integration +
+engine. Each writes its whole output (with its own ``--durations=20``) to a log that is printed
+in one piece when that process ends, so the two never interleave; the end is a summary per
+group and the slowest 20 tests of the whole suite, read from each group's JUnit XML
+(https://docs.pytest.org/en/stable/how-to/output.html#creating-junitxml-format-files).
+
+Exit status: the first failing group's pytest status (1 tests failed, 2 interrupted, ...);
+pytest's 5 ("no tests collected") only when no group collected anything, so ``PYTEST_ARGS``
+that select one tier's tests do not fail the other group (https://docs.pytest.org/en/stable/
+reference/exit-codes.html). SIGTERM or Ctrl-C is passed on to every group, whose fixtures then
+tear their lab hosts and engines down as they would alone (tests/lab/conftest.py).
+
+    python tests/tiers.py [--pytest PATH] [--log-dir DIR] [PYTEST ARGS ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+# (name, marker expression): every tier in exactly one group (tests/conftest.py's TIERS).
+GROUPS: tuple[tuple[str, str], ...] = (
+    ("lab", "lab"),
+    ("unit+integration+engine", "not lab"),
+)
+NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
+SLOWEST = 20
+
+
+@dataclass
+class Group:
+    name: str
+    marker: str
+    log_path: Path
+    junit_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    log: IO[bytes] | None = None
+    started_s: float = 0.0
+    wall_s: float = 0.0
+    returncode: int | None = None
+    reported: bool = field(default=False)
+
+
+def group_argv(pytest: Sequence[str], group: Group, args: Sequence[str]) -> list[str]:
+    """One group's pytest command line: its marker, its JUnit XML, its own cache folder (two
+    pytest processes must not overwrite each other's last-failed list)."""
+    slug = group.name.replace("+", "-")
+    return [
+        *pytest,
+        "-q",
+        f"--durations={SLOWEST}",
+        "-m",
+        group.marker,
+        f"--junitxml={group.junit_path}",
+        "-o",
+        f"cache_dir=.pytest_cache/{slug}",
+        *args,
+    ]
+
+
+def combined_returncode(returncodes: Sequence[int]) -> int:
+    """The suite's status from the groups' (in group order): see the module docstring."""
+    failing = [rc for rc in returncodes if rc not in (0, NO_TESTS_COLLECTED)]
+    if failing:
+        return failing[0]
+    if returncodes and all(rc == NO_TESTS_COLLECTED for rc in returncodes):
+        return NO_TESTS_COLLECTED
+    return 0
+
+
+@dataclass(frozen=True)
+class CaseTime:
+    nodeid: str
+    seconds: float
+    group: str
+
+
+def junit_times(path: Path, group: str) -> list[CaseTime]:
+    """Each test case of a pytest JUnit XML file with its time (setup + call + teardown:
+    pytest's default ``junit_duration_report = total``)."""
+    if not path.exists():
+        return []
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError:
+        return []
+    return [
+        CaseTime(
+            f"{case.get('classname', '')}::{case.get('name', '')}",
+            float(case.get("time") or 0),
+            group,
+        )
+        for case in root.iter("testcase")
+    ]
+
+
+def slowest(times: Sequence[CaseTime], count: int = SLOWEST) -> list[CaseTime]:
+    return sorted(times, key=lambda t: (-t.seconds, t.nodeid))[:count]
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _report(group: Group) -> None:
+    assert group.returncode is not None
+    bar = "=" * 30
+    _write(f"\n{bar} tier group {group.name} (-m {group.marker!r}) {bar}\n")
+    _write(group.log_path.read_text(errors="replace"))
+    _write(
+        f"{bar} tier group {group.name}: exit {group.returncode} after {group.wall_s:.0f} s {bar}\n"
+    )
+    group.reported = True
+
+
+def run(pytest: Sequence[str], log_dir: Path, args: Sequence[str]) -> int:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    groups = [
+        Group(
+            name,
+            marker,
+            log_dir / f"{name.replace('+', '-')}.log",
+            log_dir / f"{name.replace('+', '-')}.xml",
+        )
+        for name, marker in GROUPS
+    ]
+    for group in groups:
+        group.junit_path.unlink(missing_ok=True)
+
+    received: list[int] = []
+
+    def _forward(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        for group in groups:
+            if group.proc is not None and group.proc.poll() is None:
+                group.proc.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    started = time.monotonic()
+    try:
+        for group in groups:
+            group.log = group.log_path.open("wb")
+            group.started_s = time.monotonic()
+            group.proc = subprocess.Popen(
+                group_argv(pytest, group, args),
+                stdout=group.log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+            _write(f"tier group {group.name}: started (log: {group.log_path})\n")
+        while not all(g.reported for g in groups):
+            for group in groups:
+                if group.reported or group.proc is None:
+                    continue
+                rc = group.proc.poll()
+                if rc is None:
+                    continue
+                group.returncode = rc
+                group.wall_s = time.monotonic() - group.started_s
+                if group.log is not None:
+                    group.log.close()
+                _report(group)
+            time.sleep(0.5)
+    finally:
+        for group in groups:
+            if group.proc is not None and group.proc.poll() is None:
+                group.proc.send_signal(signal.SIGTERM)
+                group.proc.wait()
+            if group.log is not None and not group.log.closed:
+                group.log.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    _write("\n" + "=" * 30 + " tier groups " + "=" * 30 + "\n")
+    for group in groups:
+        _write(f"{group.name:<26} exit {group.returncode}  {group.wall_s:7.0f} s\n")
+    _write(f"{'whole suite (in parallel)':<26}         {time.monotonic() - started:7.0f} s\n")
+    times = [t for g in groups for t in junit_times(g.junit_path, g.name)]
+    if times:
+        _write(f"\nslowest {SLOWEST} tests of the whole suite (setup + call + teardown):\n")
+        for t in slowest(times):
+            _write(f"{t.seconds:9.2f} s  {t.nodeid}  [{t.group}]\n")
+    if received:
+        return 128 + received[0]
+    return combined_returncode([g.returncode if g.returncode is not None else 1 for g in groups])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--pytest", default=str(Path(sys.executable).parent / "pytest"))
+    parser.add_argument("--log-dir", type=Path, default=Path("runs") / "test-tiers")
+    known, rest = parser.parse_known_args(argv)
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    return run([known.pytest], known.log_dir, rest)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""`make test`'s runner (tests/tiers.py): tier groups in parallel, one verdict, readable output."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from tiers import (
+    GROUPS,
+    NO_TESTS_COLLECTED,
+    CaseTime,
+    Group,
+    combined_returncode,
+    group_argv,
+    junit_times,
+    run,
+    slowest,
+)
+
+SUITE = """
+import time
+import pytest
+
+@pytest.mark.lab
+def test_in_the_lab():
+    time.sleep(0.3)
+
+def test_passes():
+    pass
+
+def test_fails():
+    assert 1 + 1 == 3, "arithmetic"
+"""
+
+
+def test_every_tier_runs_in_exactly_one_group(pytestconfig: pytest.Config) -> None:
+    tiers = [line.split(":", 1)[0].strip() for line in pytestconfig.getini("markers")]
+    assert {"unit", "integration", "lab", "engine"} <= set(tiers)
+    for tier in tiers:
+        selected = [name for name, marker in GROUPS if _selects(marker, tier)]
+        assert len(selected) == 1, (tier, selected)
+
+
+def _selects(marker: str, tier: str) -> bool:
+    """Evaluate a group's marker expression for a test carrying only ``tier``'s marker."""
+    from _pytest.mark.expression import Expression
+
+    return bool(Expression.compile(marker).evaluate(lambda name, **kwargs: name == tier))
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [
+        ([0, 0], 0),
+        ([1, 0], 1),
+        ([0, 1], 1),
+        ([2, 1], 2),  # the first failing group's status, in group order
+        ([0, NO_TESTS_COLLECTED], 0),  # arguments that select one group's tests only
+        ([NO_TESTS_COLLECTED, 1], 1),
+        ([NO_TESTS_COLLECTED, NO_TESTS_COLLECTED], NO_TESTS_COLLECTED),
+    ],
+)
+def test_the_suite_fails_when_any_group_fails(codes: list[int], expected: int) -> None:
+    assert combined_returncode(codes) == expected
+
+
+def test_a_groups_command_line_keeps_the_durations_and_the_callers_arguments(
+    tmp_path: Path,
+) -> None:
+    group = Group("unit+integration+engine", "not lab", tmp_path / "g.log", tmp_path / "g.xml")
+    argv = group_argv(["pytest"], group, ["-x", "-k", "smoke"])
+    assert argv[:4] == ["pytest", "-q", "--durations=20", "-m"]
+    assert argv[4] == "not lab"
+    assert f"--junitxml={tmp_path / 'g.xml'}" in argv
+    assert "cache_dir=.pytest_cache/unit-integration-engine" in argv
+    assert argv[-3:] == ["-x", "-k", "smoke"]
+
+
+def test_slowest_orders_by_time_across_groups() -> None:
+    times = [
+        CaseTime("a::t1", 1.0, "lab"),
+        CaseTime("b::t2", 9.0, "rest"),
+        CaseTime("c::t3", 5.0, "lab"),
+    ]
+    assert [t.nodeid for t in slowest(times, 2)] == ["b::t2", "c::t3"]
+
+
+def test_parallel_groups_report_each_log_whole_and_the_first_failure(
+    pytester: pytest.Pytester, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytester.makeini("[pytest]\nmarkers =\n    lab: lab tier\n")
+    pytester.makepyfile(test_suite=SUITE)
+    logs = tmp_path / "logs"
+    rc = run([sys.executable, "-m", "pytest"], logs, [])
+    out = capsys.readouterr().out
+    assert rc == 1  # the unit group's failure fails the suite
+    lab_log = (logs / "lab.log").read_text()
+    rest_log = (logs / "unit-integration-engine.log").read_text()
+    assert "1 passed" in lab_log and "2 deselected" in lab_log
+    assert "1 failed, 1 passed, 1 deselected" in rest_log
+    for log in (lab_log, rest_log):
+        assert "slowest 20 durations" in log
+        assert log in out  # printed in one piece, not interleaved with the other group's
+    assert "tier group lab: exit 0" in out
+    assert "tier group unit+integration+engine: exit 1" in out
+    slow = out.split("slowest 20 tests of the whole suite", 1)[1].splitlines()
+    assert "test_suite::test_in_the_lab" in slow[1] and "[lab]" in slow[1]
+    assert len(junit_times(logs / "lab.xml", "lab")) == 1
+    assert len(junit_times(logs / "unit-integration-engine.xml", "x")) == 2
+
+
+def test_arguments_that_select_one_groups_tests_do_not_fail_the_other(
+    pytester: pytest.Pytester, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytester.makeini("[pytest]\nmarkers =\n    lab: lab tier\n")
+    pytester.makepyfile(test_suite=SUITE)
+    rc = run([sys.executable, "-m", "pytest"], tmp_path / "logs", ["-k", "passes"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert f"tier group lab: exit {NO_TESTS_COLLECTED}" in out
