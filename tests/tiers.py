@@ -27,16 +27,22 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import IO
 
-# (name, marker expression): every tier in exactly one group (tests/conftest.py's TIERS).
-GROUPS: tuple[tuple[str, str], ...] = (
-    ("lab", "lab"),
-    ("unit+integration+engine", "not lab"),
+# (name, marker expression, niceness): every tier in exactly one group (tests/conftest.py's
+# TIERS). The lab group runs niced (nice(1): its Ansible runs, SSH sessions and lab hosts
+# inherit it): when both groups want the CPU, the scheduler gives it first to the tiers whose
+# tests judge timing on this machine (the load generator's own accuracy, the embedded engines'
+# agreement with the model, a real vLLM's TTFT), and the lab's Ansible runs, which only take
+# longer, use what is left (https://man7.org/linux/man-pages/man7/sched.7.html, "The nice
+# value").
+GROUPS: tuple[tuple[str, str, int], ...] = (
+    ("lab", "lab", 10),
+    ("unit+integration+engine", "not lab", 0),
 )
 NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 SLOWEST = 20
@@ -48,6 +54,7 @@ class Group:
     marker: str
     log_path: Path
     junit_path: Path
+    niceness: int = 0
     proc: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = None
     started_s: float = 0.0
@@ -113,6 +120,17 @@ def slowest(times: Sequence[CaseTime], count: int = SLOWEST) -> list[CaseTime]:
     return sorted(times, key=lambda t: (-t.seconds, t.nodeid))[:count]
 
 
+def _niced(niceness: int) -> Callable[[], None] | None:
+    """What the child runs before pytest: lower its own priority by ``niceness``."""
+    if niceness == 0:
+        return None
+
+    def lower() -> None:
+        os.nice(niceness)
+
+    return lower
+
+
 def _write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
@@ -121,7 +139,8 @@ def _write(text: str) -> None:
 def _report(group: Group) -> None:
     assert group.returncode is not None
     bar = "=" * 30
-    _write(f"\n{bar} tier group {group.name} (-m {group.marker!r}) {bar}\n")
+    nice = f", nice {group.niceness}" if group.niceness else ""
+    _write(f"\n{bar} tier group {group.name} (-m {group.marker!r}{nice}) {bar}\n")
     _write(group.log_path.read_text(errors="replace"))
     _write(
         f"{bar} tier group {group.name}: exit {group.returncode} after {group.wall_s:.0f} s {bar}\n"
@@ -137,8 +156,9 @@ def run(pytest: Sequence[str], log_dir: Path, args: Sequence[str]) -> int:
             marker,
             log_dir / f"{name.replace('+', '-')}.log",
             log_dir / f"{name.replace('+', '-')}.xml",
+            niceness,
         )
-        for name, marker in GROUPS
+        for name, marker, niceness in GROUPS
     ]
     for group in groups:
         group.junit_path.unlink(missing_ok=True)
@@ -162,6 +182,7 @@ def run(pytest: Sequence[str], log_dir: Path, args: Sequence[str]) -> int:
                 stdout=group.log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                preexec_fn=_niced(group.niceness),
             )
             _write(f"tier group {group.name}: started (log: {group.log_path})\n")
         while not all(g.reported for g in groups):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,15 +20,20 @@ from tiers import (
 )
 
 SUITE = """
+import os
 import time
 import pytest
+
+def _niced_by():
+    return os.nice(0) - int(os.environ["KVOPS_TEST_OUTER_NICE"])
 
 @pytest.mark.lab
 def test_in_the_lab():
     time.sleep(0.3)
+    assert _niced_by() == {lab_nice}
 
 def test_passes():
-    pass
+    assert _niced_by() == {rest_nice}
 
 def test_fails():
     assert 1 + 1 == 3, "arithmetic"
@@ -38,7 +44,7 @@ def test_every_tier_runs_in_exactly_one_group(pytestconfig: pytest.Config) -> No
     tiers = [line.split(":", 1)[0].strip() for line in pytestconfig.getini("markers")]
     assert {"unit", "integration", "lab", "engine"} <= set(tiers)
     for tier in tiers:
-        selected = [name for name, marker in GROUPS if _selects(marker, tier)]
+        selected = [name for name, marker, _ in GROUPS if _selects(marker, tier)]
         assert len(selected) == 1, (tier, selected)
 
 
@@ -86,11 +92,24 @@ def test_slowest_orders_by_time_across_groups() -> None:
     assert [t.nodeid for t in slowest(times, 2)] == ["b::t2", "c::t3"]
 
 
-def test_parallel_groups_report_each_log_whole_and_the_first_failure(
-    pytester: pytest.Pytester, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nested suite; its tests also check each group's niceness relative to this process."""
+    nice = {name: niceness for name, _, niceness in GROUPS}
+    lab_nice = nice.pop("lab")
+    [rest_nice] = nice.values()
     pytester.makeini("[pytest]\nmarkers =\n    lab: lab tier\n")
-    pytester.makepyfile(test_suite=SUITE)
+    suite = SUITE.replace("{lab_nice}", str(lab_nice)).replace("{rest_nice}", str(rest_nice))
+    pytester.makepyfile(test_suite=suite)
+    monkeypatch.setenv("KVOPS_TEST_OUTER_NICE", str(os.nice(0)))
+
+
+def test_parallel_groups_report_each_log_whole_and_the_first_failure(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _suite(pytester, monkeypatch)
     logs = tmp_path / "logs"
     rc = run([sys.executable, "-m", "pytest"], logs, [])
     out = capsys.readouterr().out
@@ -111,10 +130,12 @@ def test_parallel_groups_report_each_log_whole_and_the_first_failure(
 
 
 def test_arguments_that_select_one_groups_tests_do_not_fail_the_other(
-    pytester: pytest.Pytester, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pytester.makeini("[pytest]\nmarkers =\n    lab: lab tier\n")
-    pytester.makepyfile(test_suite=SUITE)
+    _suite(pytester, monkeypatch)
     rc = run([sys.executable, "-m", "pytest"], tmp_path / "logs", ["-k", "passes"])
     out = capsys.readouterr().out
     assert rc == 0, out
