@@ -27,6 +27,7 @@ from kvops.smoke.judge import (
     overall,
     report_dict,
 )
+from kvops.smoke.kv_check import DEFAULT_LOGPROB_TOLERANCE
 from kvops.smoke.run import SmokeError, SmokeOptions, run_smoke
 
 
@@ -99,6 +100,21 @@ from kvops.smoke.run import SmokeError, SmokeOptions, run_smoke
     show_default=True,
     help="Fraction by which the re-send's TTFT must fall (0.2 = 20 % lower).",
 )
+@click.option(
+    "--logprob-tolerance",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_LOGPROB_TOLERANCE,
+    show_default=True,
+    help="Largest difference (nats) allowed between a token's log-probability computed from "
+    "scratch and from offloaded KV; the greedy token ids must be identical regardless.",
+)
+@click.option(
+    "--service-log",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="The engine's service log of this start (e.g. journalctl -o cat "
+    "_SYSTEMD_INVOCATION_ID=$(systemctl show -p InvocationID --value UNIT) > FILE): LMCache's "
+    "degraded mode, which /health and the metrics do not show, is a FAIL.",
+)
 @click.option("--seed", type=int, help="Seed of the test prompt (default: fresh each run).")
 @click.option(
     "--json",
@@ -126,6 +142,8 @@ def smoke(
     timeout_s: float,
     evict: str,
     min_ttft_drop: float,
+    logprob_tolerance: float,
+    service_log: Path | None,
     seed: int | None,
     as_json: bool,
     junit_file: Path | None,
@@ -136,7 +154,9 @@ def smoke(
     \b
     PASS needs: a KV connector or LMCache on the engine; LMCache stored/retrieved-token
     counters rising (SKIP on non-LMCache engines); vLLM's external prefix-cache hits rising on
-    the re-sends; a clearly lower median re-send TTFT; with --gds-dir, new chunk files there.
+    the re-sends; a clearly lower median re-send TTFT; with --gds-dir, new chunk files there;
+    the same greedy tokens and logprobs for a prompt computed from scratch and from offloaded
+    KV; with --service-log, no LMCache degraded mode in this start's log.
 
     \b
     Examples:
@@ -157,7 +177,13 @@ def smoke(
     try:
         opts = _options(url, gds_dir, host_name, list(inventories), known_hosts, timeout_s)
         opts = dataclasses.replace(
-            opts, model=model, prompt_tokens=prompt_tokens, prompts=prompts, seed=seed, evict=evict
+            opts,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            prompts=prompts,
+            seed=seed,
+            evict=evict,
+            service_log=service_log,
         )
         evidence = run_smoke(opts, progress)
     except SmokeError as exc:
@@ -165,7 +191,7 @@ def smoke(
             doc = {"status": "ERROR", "exit_code": int(exc.rc), "error": str(exc)}
             click.echo(json_safe(json.dumps(doc)))
         raise
-    items = judge(evidence, min_ttft_drop)
+    items = judge(evidence, min_ttft_drop, logprob_tolerance)
     fleet = as_fleet(evidence.url, items)
     if junit_file is not None:
         write_junit(junit_file, fleet, suite_name="kvops-smoke")
