@@ -251,15 +251,23 @@ def check_gds_stays_on(ctx: Context) -> list[Finding]:
 
 
 # LMCache 0.5.6 log lines that mean slower or misconfigured offload without any error
-# (`lmcache/v1/platform/devices/cuda/device_ops.py`, `config_base.py`, `config.py`).
+# (`lmcache/v1/platform/devices/cuda/device_ops.py`, `config_base.py`, `config.py`), or loads
+# that failed and were recomputed (`lmcache/integration/vllm/vllm_v1_adapter.py`,
+# `lmcache/v1/storage_backend/gds_backend.py` `_load_gds`).
 DEGRADED = (
     "LMCache failed to initialise and the server runs without offload, healthy on /health "
     "(degraded mode: every request recomputed)"
+)
+FAILED_LOAD = (
+    "a KV load from the offload tier failed and vLLM recomputed those tokens "
+    "(kv_load_failure_policy: recompute): no request lost, but offload did not serve it"
 )
 JOURNAL_PROBLEMS = (
     ("Failed to initialize LMCacheManager components", DEGRADED),
     ("marked as init failed", DEGRADED),
     ("degraded mode", DEGRADED),
+    ("The number of retrieved tokens is less than the expected number of tokens", FAILED_LOAD),
+    ("GDS read failed", "a chunk file could not be read from gds_path: " + FAILED_LOAD),
     ("cuda_ops compiled extension not found", "LMCache runs its pure-torch fallback (ABI "
      "mismatch with torch): rebuild/reinstall LMCache for this torch"),
     ("Unknown configuration key", "a config key is ignored"),

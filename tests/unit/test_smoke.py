@@ -387,3 +387,20 @@ def test_a_vllm_completion_with_logprobs_parses_to_tokens_and_logprobs() -> None
     assert parse_completion(no_logprobs) == Completion((), (), None)
     with pytest.raises(ValueError, match="no choices"):
         parse_completion({"error": "x"})
+
+
+def test_failed_loads_in_the_service_log_fail_smoke_though_every_request_was_answered() -> None:
+    """LMCache's adapter logs a load that came back short (vllm_v1_adapter.py); with
+    kv_load_failure_policy recompute vLLM answered anyway, so only the log tells."""
+    lines = (
+        "[2026-12-04 18:40:01] LMCache ERROR: Request cmpl-1-0The number of retrieved tokens is "
+        "less than the expected number of tokens! This should not happen! (vllm_v1_adapter.py)",
+        "[2026-12-04 18:40:01] LMCache ERROR: GDS read failed for /data/kv/12/34/x: [Errno 2]",
+    )
+    ev = lmcache_evidence(service_log=ServiceLog("vllm.log", 900, lines))
+    item = by_name(judge(ev))["service_log"]
+    assert item.severity == "FAIL"
+    assert "a KV load from the offload tier failed and vLLM recomputed those tokens" in (
+        item.message
+    )
+    assert "a chunk file could not be read from gds_path" in item.message
