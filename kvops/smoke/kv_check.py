@@ -19,8 +19,10 @@ stored one but the re-send's prefill is a different computation: attention over 
 rather than one pass over the whole prompt, so floating-point sums run in another order. In
 float32 on a CPU that moves them by about 1e-5 (identical to 4 decimals: the engine tier measures
 it); in bfloat16, whose 8-bit mantissa rounds a logit of magnitude 10 to steps of 0.04-0.06, it
-can reach a few hundredths (vLLM's own tests compare such runs with a tolerance for the same
-reason: `tests/models/utils.py` `check_logprobs_close`). Wrong KV moves them by tenths to whole
+can reach a few hundredths (vLLM's own tests allow for it: vllm-project/vllm
+`tests/samplers/test_logprobs.py` compares half-precision logprobs with `atol=1e-2, rtol=1e-2`,
+`tests/models/utils.py` `check_logprobs_close` lets greedy runs part only where the other's token
+is among the top logprobs). Wrong KV moves them by tenths to whole
 nats and usually changes the tokens (the engine tier's zeroed-V control). The option
 `--logprob-tolerance` sets another bound.
 

@@ -23,6 +23,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -446,6 +447,11 @@ class SmokeRunner:
         return files
 
 
+# LMCache colours its log level when it logs to a file too ("\x1b[31;20m... LMCache ERROR:\x1b[0m",
+# lmcache/logging.py): the quoted lines drop the colour codes.
+_ANSI_SGR = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def read_service_log(path: Path) -> ServiceLog:
     """The lines of the engine's service log that name an LMCache problem (validate's GDS-066
     list), read after the run: LMCache reports its degraded mode once, at start."""
@@ -455,7 +461,7 @@ def read_service_log(path: Path) -> ServiceLog:
         with path.open(encoding="utf-8", errors="replace") as fh:
             for line in fh:  # a journal can be large: line by line
                 count += 1
-                found += problem_lines([line])
+                found += problem_lines([_ANSI_SGR.sub("", line)])
     except OSError as exc:
         raise SmokeError(f"cannot read the service log {path}: {exc.strerror}") from None
     return ServiceLog(str(path), count, tuple(found))
