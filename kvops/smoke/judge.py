@@ -291,7 +291,8 @@ def judge_stored(ev: SmokeEvidence) -> Finding:
         ev.before,
         ev.after_first,
         LMCACHE_STORED,
-        f"on the first sends of {ev.prompt_label}",
+        f"on the first sends of {ev.prompt_label}"
+        + (" and the correctness prompt" if ev.kv_check is not None else ""),
         ": LMCache stored nothing",
     )
 
@@ -419,8 +420,8 @@ def judge_kv_correct(ev: SmokeEvidence, tolerance: float) -> Finding:
         "kv_correct",
         Severity.PASS,
         f"{len(ref.tokens)} greedy tokens identical, logprobs within {tolerance:g} (largest "
-        f"difference {largest_logprob_gap(ref, off):.2g}) computed from scratch and re-sent "
-        f"after the eviction; {source}",
+        f"difference {largest_logprob_gap(ref, off):.2g}), computed from scratch and from the "
+        f"KV after the eviction; {source}",
     )
 
 

@@ -124,6 +124,8 @@ def test_lmcache_engine_passes_every_item() -> None:
     named = by_name(items)
     assert "LMCache chunk files" in named["chunk_files"].message
     assert "2,048 tokens" in named["stored_tokens"].message
+    # its counter rose for the correctness prompt too, and the message says so
+    assert named["stored_tokens"].message.endswith("prompt and the correctness prompt")
 
 
 def test_engine_without_offload_fails_with_offload_not_configured() -> None:
