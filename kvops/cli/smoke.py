@@ -113,7 +113,8 @@ from kvops.smoke.run import SmokeError, SmokeOptions, run_smoke
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     help="The engine's service log of this start (e.g. journalctl -o cat "
     "_SYSTEMD_INVOCATION_ID=$(systemctl show -p InvocationID --value UNIT) > FILE): LMCache's "
-    "degraded mode, which /health and the metrics do not show, is a FAIL.",
+    "degraded mode, which /health and the metrics do not show, is a FAIL. With --host the "
+    "host's journal is read by validate's probe unless this is given.",
 )
 @click.option("--seed", type=int, help="Seed of the test prompt (default: fresh each run).")
 @click.option(
@@ -220,9 +221,14 @@ def _options(
         assert url is not None
         return SmokeOptions(url=url, gds_dir=gds_dir, timeout_s=timeout_s)
     from kvops.remote.ssh import SshOptions
-    from kvops.smoke.remote import RemoteChunks, host_target
+    from kvops.smoke.remote import RemoteChunks, RemoteServiceLog, host_target
 
     target = host_target(inventories, host_name, url, str(gds_dir) if gds_dir else None)
     ssh = SshOptions(known_hosts=known_hosts.expanduser() if known_hosts else None)
     chunks = RemoteChunks(target.host, target.gds_dir, ssh) if target.gds_dir else None
-    return SmokeOptions(url=target.url, timeout_s=timeout_s, chunks=chunks)
+    return SmokeOptions(
+        url=target.url,
+        timeout_s=timeout_s,
+        chunks=chunks,
+        service_log_source=RemoteServiceLog(target.host, ssh),
+    )

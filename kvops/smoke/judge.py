@@ -108,6 +108,7 @@ class ServiceLog:
     source: str
     lines: int
     problem_lines: Sequence[str] = field(default_factory=tuple)
+    error: str | None = None  # why the log could not be read (the item SKIPs)
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,7 @@ def _service_log(data: Mapping[str, Any] | None) -> ServiceLog | None:
         source=str(data["source"]),
         lines=int(data["lines"]),
         problem_lines=tuple(str(x) for x in data.get("problem_lines", ())),
+        error=None if data.get("error") is None else str(data["error"]),
     )
 
 
@@ -434,6 +436,8 @@ def judge_service_log(ev: SmokeEvidence) -> Finding:
             Severity.SKIP,
             "no --service-log given: LMCache's degraded mode is written only to the log",
         )
+    if log.error is not None:
+        return _finding("service_log", Severity.SKIP, f"{log.source}: {log.error}")
     found, shown = journal_problems(list(log.problem_lines))
     if found:
         return finding(

@@ -4,6 +4,11 @@ the export.
 
 The reading is `kvops.smoke.chunk_files` shipped as source to the host's Python over the validate
 transport (`kvops.remote.ssh`: verified host keys, jump hosts, become), one round trip per look.
+
+The service log of this start is what validate's probe collects (`kvops.validate.collect`, one
+probe run over the same transport): the unit's journal of its current invocation and the LMCache
+problem lines of the whole run (`vllm_journal`, `vllm_journal_problems`), judged by the same code
+as validate's GDS-066.
 """
 
 from __future__ import annotations
@@ -16,11 +21,20 @@ from typing import Any
 
 import paramiko
 
-from kvops.remote.inventory import InventoryError, InventoryHost, load_inventory
+from kvops import evidence as ev
+from kvops.checks.lmcache import problem_lines
+from kvops.remote.inventory import (
+    InventoryError,
+    InventoryHost,
+    load_inventory,
+    probe_options,
+    probe_settings,
+)
 from kvops.remote.ssh import SshOptions, known_hosts_for, run_ssh
 from kvops.smoke import chunk_files
-from kvops.smoke.judge import ChunkFile
+from kvops.smoke.judge import ChunkFile, ServiceLog
 from kvops.smoke.run import SmokeError
+from kvops.validate.collect import probe_config, probe_host
 
 _SOURCE = Path(chunk_files.__file__).read_text()
 DEFAULT_PORT = 8000
@@ -111,3 +125,30 @@ class RemoteChunks:
             return []
         files = self._ask({"op": "describe", "paths": paths})["files"]
         return [ChunkFile(**f) for f in files]
+
+
+@dataclass(frozen=True)
+class RemoteServiceLog:
+    """The inference service's log of this start on ``host``, read by validate's probe."""
+
+    host: InventoryHost
+    ssh: SshOptions
+
+    def read(self) -> ServiceLog:
+        """The journal's LMCache problem lines; a log that cannot be read is a ServiceLog with
+        its `error` (the item SKIPs with the reason: a host without systemd has no journal)."""
+        settings = probe_settings(self.host)
+        unit = str(settings["vllm_service"])
+        where = f"{self.host.name}: journal of {unit}"
+        config = probe_config(self.host, settings, probe_options(self.host), self.ssh.timeout_s)
+        result = probe_host(self.host, config, self.ssh)
+        if not result.ok:
+            return ServiceLog(where, 0, error=f"probe failed: {result.reason}")
+        journal = ev.item_text(result.evidence, ev.VLLM_JOURNAL)
+        if journal is None:
+            problem = ev.item_problem(ev.get_item(result.evidence, ev.VLLM_JOURNAL))
+            return ServiceLog(where, 0, error=f"journal not read: {problem}")
+        lines = journal.splitlines()
+        # journalctl --grep exits 1 when nothing matched: no text is no problem line
+        early = (ev.item_text(result.evidence, ev.VLLM_JOURNAL_PROBLEMS) or "").splitlines()
+        return ServiceLog(where, len(lines), tuple(problem_lines(lines + early)))

@@ -84,8 +84,17 @@ class SmokeOptions:
     evict: str = "auto"  # auto | reset | fillers
     # Read chunk files through this instead of gds_dir (e.g. over SSH: kvops.smoke.remote).
     chunks: ChunkSource | None = None
-    # The engine's service log of this start, read after the run (LMCache's degraded mode).
+    # The engine's service log of this start, read after the run (LMCache's degraded mode):
+    # a file here, or through this (e.g. the host's journal over SSH: kvops.smoke.remote).
     service_log: Path | None = None
+    service_log_source: ServiceLogSource | None = None
+
+    def read_service_log(self) -> ServiceLog | None:
+        if self.service_log is not None:
+            return read_service_log(self.service_log)
+        if self.service_log_source is not None:
+            return self.service_log_source.read()
+        return None
 
     def chunk_source(self) -> ChunkSource | None:
         if self.chunks is not None:
@@ -219,6 +228,12 @@ def describe_chunk_file(path: str) -> ChunkFile:
     return ChunkFile(**chunk_files.describe(path))
 
 
+class ServiceLogSource(Protocol):
+    """Where the service log of this start is read when it is not a local file."""
+
+    def read(self) -> ServiceLog: ...
+
+
 class ChunkSource(Protocol):
     """Where the chunk files are read: this machine's mount, or the GPU host over SSH."""
 
@@ -319,7 +334,7 @@ class SmokeRunner:
             files_after_count=len(files_after),
             new_files=tuple(new),
             kv_check=KvCheck(prompt_tokens, reference, offloaded),
-            service_log=read_service_log(opts.service_log) if opts.service_log else None,
+            service_log=await asyncio.to_thread(opts.read_service_log),
         )
 
     async def _greedy(

@@ -406,3 +406,16 @@ def test_failed_loads_in_the_service_log_fail_smoke_though_every_request_was_ans
         item.message
     )
     assert "a chunk file could not be read from gds_path" in item.message
+
+
+def test_a_service_log_that_could_not_be_read_skips_with_the_reason() -> None:
+    log = ServiceLog("gpu1: journal of vllm.service", 0, error="journal not read: exit 1")
+    item = by_name(judge(lmcache_evidence(service_log=log)))["service_log"]
+    assert (item.severity, item.message) == (
+        "SKIP",
+        "gpu1: journal of vllm.service: journal not read: exit 1",
+    )
+    again = SmokeEvidence.from_dict(
+        json.loads(json.dumps(lmcache_evidence(service_log=log).to_dict()))
+    )
+    assert again.service_log == log
