@@ -11,6 +11,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -21,6 +22,7 @@ from kvops.report.findings import STYLE, host_table, write_junit
 from kvops.report.host_text import json_safe, markup
 from kvops.smoke.judge import (
     DEFAULT_MIN_TTFT_DROP,
+    ServiceLog,
     as_fleet,
     exit_code,
     judge,
@@ -29,6 +31,10 @@ from kvops.smoke.judge import (
 )
 from kvops.smoke.kv_check import DEFAULT_LOGPROB_TOLERANCE
 from kvops.smoke.run import SmokeError, SmokeOptions, run_smoke
+
+if TYPE_CHECKING:
+    from kvops.remote.inventory import InventoryHost
+    from kvops.remote.ssh import SshOptions
 
 
 @click.command("smoke")
@@ -221,7 +227,7 @@ def _options(
         assert url is not None
         return SmokeOptions(url=url, gds_dir=gds_dir, timeout_s=timeout_s)
     from kvops.remote.ssh import SshOptions
-    from kvops.smoke.remote import RemoteChunks, RemoteServiceLog, host_target
+    from kvops.smoke.remote import RemoteChunks, host_target
 
     target = host_target(inventories, host_name, url, str(gds_dir) if gds_dir else None)
     ssh = SshOptions(known_hosts=known_hosts.expanduser() if known_hosts else None)
@@ -230,5 +236,27 @@ def _options(
         url=target.url,
         timeout_s=timeout_s,
         chunks=chunks,
-        service_log_source=RemoteServiceLog(target.host, ssh),
+        service_log_source=_HostJournal(target.host, ssh),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _HostJournal:
+    """`--host`: this start's service log is the host's journal as validate's probe reads it
+    (one probe run over the same transport; `kvops.smoke.remote.journal_service_log` reads it)."""
+
+    host: InventoryHost
+    ssh: SshOptions
+
+    def read(self) -> ServiceLog:
+        from kvops.remote.inventory import probe_options, probe_settings
+        from kvops.smoke.remote import journal_service_log
+        from kvops.validate.collect import probe_config, probe_host
+
+        settings = probe_settings(self.host)
+        where = f"{self.host.name}: journal of {settings['vllm_service']}"
+        config = probe_config(self.host, settings, probe_options(self.host), self.ssh.timeout_s)
+        result = probe_host(self.host, config, self.ssh)
+        if not result.ok:
+            return ServiceLog(where, 0, error=f"probe failed: {result.reason}")
+        return journal_service_log(where, result.evidence)

@@ -5,10 +5,10 @@ the export.
 The reading is `kvops.smoke.chunk_files` shipped as source to the host's Python over the validate
 transport (`kvops.remote.ssh`: verified host keys, jump hosts, become), one round trip per look.
 
-The service log of this start is what validate's probe collects (`kvops.validate.collect`, one
-probe run over the same transport): the unit's journal of its current invocation and the LMCache
-problem lines of the whole run (`vllm_journal`, `vllm_journal_problems`), judged by the same code
-as validate's GDS-066.
+The service log of this start is what validate's probe collects (one probe run over the same
+transport, started by the CLI: `kvops.cli.smoke`): the unit's journal of its current invocation
+and the LMCache problem lines of the whole run (`vllm_journal`, `vllm_journal_problems`), judged
+by the same code as validate's GDS-066; `journal_service_log` reads them from the evidence.
 """
 
 from __future__ import annotations
@@ -23,18 +23,11 @@ import paramiko
 
 from kvops import evidence as ev
 from kvops.checks.lmcache import problem_lines
-from kvops.remote.inventory import (
-    InventoryError,
-    InventoryHost,
-    load_inventory,
-    probe_options,
-    probe_settings,
-)
+from kvops.remote.inventory import InventoryError, InventoryHost, load_inventory
 from kvops.remote.ssh import SshOptions, known_hosts_for, run_ssh
 from kvops.smoke import chunk_files
 from kvops.smoke.judge import ChunkFile, ServiceLog
 from kvops.smoke.run import SmokeError
-from kvops.validate.collect import probe_config, probe_host
 
 _SOURCE = Path(chunk_files.__file__).read_text()
 DEFAULT_PORT = 8000
@@ -127,28 +120,15 @@ class RemoteChunks:
         return [ChunkFile(**f) for f in files]
 
 
-@dataclass(frozen=True)
-class RemoteServiceLog:
-    """The inference service's log of this start on ``host``, read by validate's probe."""
-
-    host: InventoryHost
-    ssh: SshOptions
-
-    def read(self) -> ServiceLog:
-        """The journal's LMCache problem lines; a log that cannot be read is a ServiceLog with
-        its `error` (the item SKIPs with the reason: a host without systemd has no journal)."""
-        settings = probe_settings(self.host)
-        unit = str(settings["vllm_service"])
-        where = f"{self.host.name}: journal of {unit}"
-        config = probe_config(self.host, settings, probe_options(self.host), self.ssh.timeout_s)
-        result = probe_host(self.host, config, self.ssh)
-        if not result.ok:
-            return ServiceLog(where, 0, error=f"probe failed: {result.reason}")
-        journal = ev.item_text(result.evidence, ev.VLLM_JOURNAL)
-        if journal is None:
-            problem = ev.item_problem(ev.get_item(result.evidence, ev.VLLM_JOURNAL))
-            return ServiceLog(where, 0, error=f"journal not read: {problem}")
-        lines = journal.splitlines()
-        # journalctl --grep exits 1 when nothing matched: no text is no problem line
-        early = (ev.item_text(result.evidence, ev.VLLM_JOURNAL_PROBLEMS) or "").splitlines()
-        return ServiceLog(where, len(lines), tuple(problem_lines(lines + early)))
+def journal_service_log(where: str, evidence: ev.Evidence) -> ServiceLog:
+    """The journal's LMCache problem lines from a probe's evidence; a journal that was not read
+    is a ServiceLog with its `error` (the item SKIPs with the reason: a host without systemd
+    has no journal)."""
+    journal = ev.item_text(evidence, ev.VLLM_JOURNAL)
+    if journal is None:
+        problem = ev.item_problem(ev.get_item(evidence, ev.VLLM_JOURNAL))
+        return ServiceLog(where, 0, error=f"journal not read: {problem}")
+    lines = journal.splitlines()
+    # journalctl --grep exits 1 when nothing matched: no text is no problem line
+    early = (ev.item_text(evidence, ev.VLLM_JOURNAL_PROBLEMS) or "").splitlines()
+    return ServiceLog(where, len(lines), tuple(problem_lines(lines + early)))

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from test_smoke_run import _lmcache_file
 
+from kvops.cli.smoke import _HostJournal
 from kvops.remote.inventory import InventoryHost
 from kvops.remote.ssh import ProbeRun, SshOptions
 from kvops.smoke import remote as smoke_remote
@@ -73,7 +74,8 @@ def _tool(directory: Path, name: str, script: str) -> None:
 def test_with_host_the_service_log_is_the_journal_validates_probe_reads(
     tmp_path: Path, degraded: bool
 ) -> None:
-    """validate's probe, run as for `ansible_connection: local`, with test doubles of
+    """`--host` (kvops.cli.smoke): validate's probe, run as for `ansible_connection: local`
+    (the same program the SSH transport ships), with test doubles of
     `systemctl` and `journalctl` (the invocation's journal; `--grep` for the problem lines,
     exiting 1 when nothing matches, as journalctl does)."""
     tools = tmp_path / "tools"
@@ -95,7 +97,7 @@ def test_with_host_the_service_log_is_the_journal_validates_probe_reads(
             "kvops_vllm_url": "http://127.0.0.1:9",
         },
     )
-    got = smoke_remote.RemoteServiceLog(host, SshOptions(timeout_s=60)).read()
+    got = _HostJournal(host, SshOptions(timeout_s=60)).read()
     assert got.error is None, got
     assert got.source == "gpu1: journal of vllm.service"
     assert got.lines == 3
@@ -116,5 +118,5 @@ def test_a_host_without_a_journal_skips_the_service_log_with_the_reason(tmp_path
             "kvops_vllm_url": "http://127.0.0.1:9",
         },
     )
-    got = smoke_remote.RemoteServiceLog(host, SshOptions(timeout_s=60)).read()
+    got = _HostJournal(host, SshOptions(timeout_s=60)).read()
     assert got.error is not None and got.error.startswith("journal not read:"), got
