@@ -324,6 +324,25 @@ _ROWS = [
         "Point --gds-dir at the engine's gds_path as seen from here; check the mount and the "
         "service user's write access (kvops validate GDS-060, GDS-080).",
     ),
+    (
+        "GDS-207",
+        "smoke",
+        "Offloaded KV gives the answer computed from scratch",
+        "The KV the offload tier returned is not the KV vLLM computed: every host sharing "
+        "gds_path must run the same model, dtype, tensor-parallel size and LMCache chunk size; "
+        "LMCache must be the release built for this vLLM (its KV layout); clear gds_path of "
+        "chunk files written by another setup, restart the service and run the smoke again.",
+    ),
+    (
+        "GDS-208",
+        "smoke",
+        "Service log free of LMCache degraded mode and ignored settings",
+        "Fix what the quoted log lines name: for degraded mode, the first LMCache ERROR of this "
+        "start says why (a cuFile registration error, a gds_path not on the RDMA mount, a "
+        "missing library); restart the service and give smoke this start's log "
+        "(journalctl -o cat _SYSTEMD_INVOCATION_ID=$(systemctl show -p InvocationID --value "
+        "UNIT) > log).",
+    ),
 ]
 
 _ROWS += [  # The ONTAP side (`kvops validate --ontap`, kvops/checks/ontap.py).

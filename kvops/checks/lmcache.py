@@ -3,6 +3,8 @@ against the installed LMCache version. Checked on offload hosts only."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from kvops import evidence as ev
 from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, finding
@@ -249,15 +251,23 @@ def check_gds_stays_on(ctx: Context) -> list[Finding]:
 
 
 # LMCache 0.5.6 log lines that mean slower or misconfigured offload without any error
-# (`lmcache/v1/platform/devices/cuda/device_ops.py`, `config_base.py`, `config.py`).
+# (`lmcache/v1/platform/devices/cuda/device_ops.py`, `config_base.py`, `config.py`), or loads
+# that failed and were recomputed (`lmcache/integration/vllm/vllm_v1_adapter.py`,
+# `lmcache/v1/storage_backend/gds_backend.py` `_load_gds`).
 DEGRADED = (
     "LMCache failed to initialise and the server runs without offload, healthy on /health "
     "(degraded mode: every request recomputed)"
+)
+FAILED_LOAD = (
+    "a KV load from the offload tier failed and vLLM recomputed those tokens "
+    "(kv_load_failure_policy: recompute): no request lost, but offload did not serve it"
 )
 JOURNAL_PROBLEMS = (
     ("Failed to initialize LMCacheManager components", DEGRADED),
     ("marked as init failed", DEGRADED),
     ("degraded mode", DEGRADED),
+    ("The number of retrieved tokens is less than the expected number of tokens", FAILED_LOAD),
+    ("GDS read failed", "a chunk file could not be read from gds_path: " + FAILED_LOAD),
     ("cuda_ops compiled extension not found", "LMCache runs its pure-torch fallback (ABI "
      "mismatch with torch): rebuild/reinstall LMCache for this torch"),
     ("Unknown configuration key", "a config key is ignored"),
@@ -277,16 +287,29 @@ def check_service_log(ctx: Context) -> list[Finding]:
     early = [ln for ln in (ctx.text(ev.VLLM_JOURNAL_PROBLEMS) or "").splitlines() if ln]
     seen = set(lines)
     lines += [ln for ln in early if ln not in seen]
-    found = []
+    found, shown = journal_problems(lines)
+    if found:
+        return [finding("GDS-066", Severity.FAIL, "; ".join(found), "\n".join(shown))]
+    return [finding("GDS-066", Severity.PASS, f"{len(lines)} log lines, no LMCache fallback")]
+
+
+def problem_lines(lines: Iterable[str]) -> list[str]:
+    """The lines of a service log that name one of `JOURNAL_PROBLEMS` (what `journalctl --grep`
+    keeps in the probe's `vllm_journal_problems`): enough to judge the log again offline."""
+    return [ln.strip() for ln in lines if any(needle in ln for needle, _ in JOURNAL_PROBLEMS)]
+
+
+def journal_problems(lines: Sequence[str]) -> tuple[list[str], list[str]]:
+    """What a service log says went wrong with LMCache: one "<n>x '<text>': <meaning>" per
+    problem found, and up to two quoted lines of each (GDS-066 and `kvops smoke`'s GDS-208)."""
+    found: list[str] = []
     shown: list[str] = []
     for needle, meaning in JOURNAL_PROBLEMS:
         hits = [ln.strip() for ln in lines if needle in ln]
         if hits:
             found.append(f"{len(hits)}x '{needle}': {meaning}")
             shown.extend(hits[:2])
-    if found:
-        return [finding("GDS-066", Severity.FAIL, "; ".join(found), "\n".join(shown))]
-    return [finding("GDS-066", Severity.PASS, f"{len(lines)} log lines, no LMCache fallback")]
+    return found, shown
 
 
 CHECKS = [

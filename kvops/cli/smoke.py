@@ -11,6 +11,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -21,13 +22,19 @@ from kvops.report.findings import STYLE, host_table, write_junit
 from kvops.report.host_text import json_safe, markup
 from kvops.smoke.judge import (
     DEFAULT_MIN_TTFT_DROP,
+    ServiceLog,
     as_fleet,
     exit_code,
     judge,
     overall,
     report_dict,
 )
+from kvops.smoke.kv_check import DEFAULT_LOGPROB_TOLERANCE
 from kvops.smoke.run import SmokeError, SmokeOptions, run_smoke
+
+if TYPE_CHECKING:
+    from kvops.remote.inventory import InventoryHost
+    from kvops.remote.ssh import SshOptions
 
 
 @click.command("smoke")
@@ -99,6 +106,22 @@ from kvops.smoke.run import SmokeError, SmokeOptions, run_smoke
     show_default=True,
     help="Fraction by which the re-send's TTFT must fall (0.2 = 20 % lower).",
 )
+@click.option(
+    "--logprob-tolerance",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_LOGPROB_TOLERANCE,
+    show_default=True,
+    help="Largest difference (nats) allowed between a token's log-probability computed from "
+    "scratch and from offloaded KV; the greedy token ids must be identical regardless.",
+)
+@click.option(
+    "--service-log",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="The engine's service log of this start (e.g. journalctl -o cat "
+    "_SYSTEMD_INVOCATION_ID=$(systemctl show -p InvocationID --value UNIT) > FILE): LMCache's "
+    "degraded mode, which /health and the metrics do not show, is a FAIL. With --host the "
+    "host's journal is read by validate's probe unless this is given.",
+)
 @click.option("--seed", type=int, help="Seed of the test prompt (default: fresh each run).")
 @click.option(
     "--json",
@@ -126,6 +149,8 @@ def smoke(
     timeout_s: float,
     evict: str,
     min_ttft_drop: float,
+    logprob_tolerance: float,
+    service_log: Path | None,
     seed: int | None,
     as_json: bool,
     junit_file: Path | None,
@@ -136,7 +161,9 @@ def smoke(
     \b
     PASS needs: a KV connector or LMCache on the engine; LMCache stored/retrieved-token
     counters rising (SKIP on non-LMCache engines); vLLM's external prefix-cache hits rising on
-    the re-sends; a clearly lower median re-send TTFT; with --gds-dir, new chunk files there.
+    the re-sends; a clearly lower median re-send TTFT; with --gds-dir, new chunk files there;
+    the same greedy tokens and logprobs for a prompt computed from scratch and from offloaded
+    KV; with --service-log, no LMCache degraded mode in this start's log.
 
     \b
     Examples:
@@ -157,7 +184,13 @@ def smoke(
     try:
         opts = _options(url, gds_dir, host_name, list(inventories), known_hosts, timeout_s)
         opts = dataclasses.replace(
-            opts, model=model, prompt_tokens=prompt_tokens, prompts=prompts, seed=seed, evict=evict
+            opts,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            prompts=prompts,
+            seed=seed,
+            evict=evict,
+            service_log=service_log,
         )
         evidence = run_smoke(opts, progress)
     except SmokeError as exc:
@@ -165,7 +198,7 @@ def smoke(
             doc = {"status": "ERROR", "exit_code": int(exc.rc), "error": str(exc)}
             click.echo(json_safe(json.dumps(doc)))
         raise
-    items = judge(evidence, min_ttft_drop)
+    items = judge(evidence, min_ttft_drop, logprob_tolerance)
     fleet = as_fleet(evidence.url, items)
     if junit_file is not None:
         write_junit(junit_file, fleet, suite_name="kvops-smoke")
@@ -199,4 +232,31 @@ def _options(
     target = host_target(inventories, host_name, url, str(gds_dir) if gds_dir else None)
     ssh = SshOptions(known_hosts=known_hosts.expanduser() if known_hosts else None)
     chunks = RemoteChunks(target.host, target.gds_dir, ssh) if target.gds_dir else None
-    return SmokeOptions(url=target.url, timeout_s=timeout_s, chunks=chunks)
+    return SmokeOptions(
+        url=target.url,
+        timeout_s=timeout_s,
+        chunks=chunks,
+        service_log_source=_HostJournal(target.host, ssh),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _HostJournal:
+    """`--host`: this start's service log is the host's journal as validate's probe reads it
+    (one probe run over the same transport; `kvops.smoke.remote.journal_service_log` reads it)."""
+
+    host: InventoryHost
+    ssh: SshOptions
+
+    def read(self) -> ServiceLog:
+        from kvops.remote.inventory import probe_options, probe_settings
+        from kvops.smoke.remote import journal_service_log
+        from kvops.validate.collect import probe_config, probe_host
+
+        settings = probe_settings(self.host)
+        where = f"{self.host.name}: journal of {settings['vllm_service']}"
+        config = probe_config(self.host, settings, probe_options(self.host), self.ssh.timeout_s)
+        result = probe_host(self.host, config, self.ssh)
+        if not result.ok:
+            return ServiceLog(where, 0, error=f"probe failed: {result.reason}")
+        return journal_service_log(where, result.evidence)

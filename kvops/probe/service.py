@@ -419,13 +419,17 @@ def _is_script(path: str) -> bool:
 
 JOURNAL_LINES = 3000
 # LMCache 0.5.6's log texts of a silent failure: its initialisation failing into "degraded mode
-# (recompute)" (lmcache/v1/manager.py, lmcache/v1/cache_engine.py), the pure-torch fallback
-# and ignored settings (device_ops.py, config_base.py, config.py). They are logged once, at
-# start, and scroll out of the tail of a busy server's log; journalctl --grep keeps them.
+# (recompute)" (lmcache/v1/manager.py, lmcache/v1/cache_engine.py), loads from storage that
+# failed and were recomputed (lmcache/integration/vllm/vllm_v1_adapter.py,
+# lmcache/v1/storage_backend/gds_backend.py), the pure-torch fallback and ignored settings
+# (device_ops.py, config_base.py, config.py). Most are logged once, at start, and scroll out of
+# the tail of a busy server's log; journalctl --grep keeps them.
 LMCACHE_PROBLEM_TEXTS = (
     "Failed to initialize LMCacheManager components",
     "marked as init failed",
     "degraded mode",
+    "The number of retrieved tokens is less than the expected number of tokens",
+    "GDS read failed",
     "cuda_ops compiled extension not found",
     "Unknown configuration key",
     "does not exist in configuration",

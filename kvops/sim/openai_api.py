@@ -4,6 +4,12 @@ Only what the simulator needs: prompts as text or token ids, `max_tokens`, strea
 `stream_options.include_usage`, and usage with `prompt_tokens_details.cached_tokens` (vLLM sends
 these only with `--enable-prompt-tokens-details`; the simulator always does). Errors use
 OpenAI's `{"error": {...}}` body, as vLLM does.
+
+`logprobs` (non-streaming completions): each generated token with a log-probability, named
+`token_id:<n>` with vLLM's `return_tokens_as_token_ids`. The simulator's tokens are seeded draws,
+not a language model's; their log-probabilities are a fixed function of the prompt, the position
+and the token (`token_logprob`), so they are the same whether the prompt's KV was computed or
+came from the offload tier, as a correct offload makes them (`kvops smoke`'s correctness check).
 """
 
 from __future__ import annotations
@@ -80,6 +86,21 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     chat: bool
+    logprobs: int | None = None  # completions' `logprobs` (how many alternatives; 0 = none)
+    tokens_as_ids: bool = False  # vLLM's `return_tokens_as_token_ids`
+
+
+def prompt_key(seed: int, prompt_ids: TokenIds) -> int:
+    """What a request's generated tokens depend on: the server's seed and the prompt (its length
+    and first 64 ids: the simulator never reads a whole 30K-token prompt for this)."""
+    head = tuple(int(t) for t in prompt_ids[:64])
+    return hash((seed, len(prompt_ids), head))
+
+
+def token_logprob(key: int, position: int, token: int) -> float:
+    """A log-probability in (-4, 0] for the token generated at `position` of the request with
+    `prompt_key` `key`: deterministic (hashes of ints do not vary between processes)."""
+    return -4.0 * ((hash((key, position, token)) & 0xFFFFFFFF) / 2**32)
 
 
 def _int_field(body: dict[str, Any], *names: str) -> int | None:
@@ -154,12 +175,18 @@ def parse_request(
             "completion."
         )
     options = body.get("stream_options") or {}
+    logprobs = None if chat else _int_field(body, "logprobs")
+    stream = bool(body.get("stream", False))
+    if logprobs is not None and stream:
+        raise ApiError("the simulator answers logprobs only without streaming")
     return ParsedRequest(
         prompt_ids=ids if isinstance(ids, np.ndarray) else list(ids),
         max_tokens=max_tokens,
-        stream=bool(body.get("stream", False)),
+        stream=stream,
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         chat=chat,
+        logprobs=logprobs,
+        tokens_as_ids=bool(body.get("return_tokens_as_token_ids", False)),
     )
 
 
@@ -223,7 +250,9 @@ class ChunkMaker:
     def usage_chunk(self, usage_: dict[str, Any]) -> bytes:
         return self._envelope([], usage_)
 
-    def full_body(self, text: str, usage_: dict[str, Any]) -> dict[str, Any]:
+    def full_body(
+        self, text: str, usage_: dict[str, Any], logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         if self.chat:
             choice: dict[str, Any] = {
                 "index": 0,
@@ -233,7 +262,7 @@ class ChunkMaker:
             }
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": "length",
                       "stop_reason": None}  # fmt: skip
             obj = "text_completion"
         return {
@@ -244,3 +273,23 @@ class ChunkMaker:
             "choices": [choice],
             "usage": usage_,
         }
+
+
+def completion_logprobs(
+    key: int, tokens: list[int], pieces: list[str], as_ids: bool
+) -> dict[str, Any]:
+    """OpenAI completions' `logprobs` object for generated `tokens` (their text `pieces`): the
+    chosen token of each position with its log-probability; its `top_logprobs` entry holds only
+    that token (the simulator has no alternatives to offer)."""
+    names = [f"token_id:{t}" for t in tokens] if as_ids else pieces
+    values = [token_logprob(key, i, t) for i, t in enumerate(tokens)]
+    offsets, at = [], 0
+    for piece in pieces:
+        offsets.append(at)
+        at += len(piece)
+    return {
+        "text_offset": offsets,
+        "token_logprobs": values,
+        "tokens": names,
+        "top_logprobs": [{name: value} for name, value in zip(names, values, strict=True)],
+    }

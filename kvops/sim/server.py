@@ -37,8 +37,10 @@ from kvops.sim.openai_api import (
     ParsedRequest,
     TokenIds,
     chat_text,
+    completion_logprobs,
     decode_body,
     parse_request,
+    prompt_key,
     usage,
 )
 from kvops.sim.profiles import ModelProfile, load_model
@@ -75,8 +77,8 @@ class _Stream:
 
     def __init__(self, prompt_ids: TokenIds, seed: int) -> None:
         self.queue: asyncio.Queue[int | SimRequestRecord | EngineDeadError] = asyncio.Queue()
-        head = tuple(int(t) for t in prompt_ids[:64])
-        self.rng = random.Random(hash((seed, len(prompt_ids), head)))
+        self.key = prompt_key(seed, prompt_ids)
+        self.rng = random.Random(self.key)
 
 
 class SimServer:
@@ -360,14 +362,20 @@ class SimServer:
         """A non-streaming request: one JSON body once the request finished (500 if the
         engine died before)."""
         words: list[str] = []
+        tokens: list[int] = []
         try:
             while True:
                 for item in await gen.__anext__():
                     if isinstance(item, int):
                         words.append(self.tokenizer.decode_piece(item))
+                        tokens.append(item)
                     else:
                         use = usage(item.prompt_tokens, len(words), item.cached_tokens)
-                        return web.json_response(maker.full_body("".join(words), use))
+                        logprobs = None
+                        if parsed.logprobs is not None:
+                            key = prompt_key(self.config.seed, parsed.prompt_ids)
+                            logprobs = completion_logprobs(key, tokens, words, parsed.tokens_as_ids)
+                        return web.json_response(maker.full_body("".join(words), use, logprobs))
         except EngineDeadError as exc:
             return _error(ApiError(f"engine dead: {exc}", 500, "InternalServerError"))
 

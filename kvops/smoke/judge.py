@@ -16,6 +16,12 @@ What each item proves:
 - `ttft`: the re-sends' median time to first token fell by a clear margin. Several prompts
   (3 by default), not one, so that one request delayed by a busy neighbour cannot decide it.
 - `chunk_files`: new chunk files appeared in the storage directory (`--gds-dir`).
+- `kv_correct`: one more fresh prompt, answered greedily with log-probabilities cold (computed
+  from scratch) and again after the eviction (its KV from the offload tier), gave the same tokens
+  and log-probabilities (`kvops.smoke.kv_check`): offload returned the right KV, not just bytes.
+- `service_log`: this start's service log (`--service-log`) has none of the lines validate's
+  GDS-066 fails on, above all LMCache's "degraded mode": LMCache failed to initialise and the
+  server, healthy on /health, recomputes every request.
 """
 
 from __future__ import annotations
@@ -26,8 +32,16 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvops.checks.fleet import FleetResult, worst
+from kvops.checks.lmcache import journal_problems
 from kvops.checks.model import Finding, Severity, finding
 from kvops.errors import RC
+from kvops.parse._common import clip
+from kvops.smoke.kv_check import (
+    DEFAULT_LOGPROB_TOLERANCE,
+    KvCheck,
+    first_difference,
+    largest_logprob_gap,
+)
 
 # Counters read at each phase (names without the `_total` suffix; the parser tries both).
 LMCACHE_STORED = "lmcache:num_stored_tokens"
@@ -87,6 +101,17 @@ class Eviction:
 
 
 @dataclass(frozen=True)
+class ServiceLog:
+    """The engine's service log of this start, as far as the judge needs it: where it was read,
+    how many lines it had, and those naming an LMCache problem (`problem_lines`)."""
+
+    source: str
+    lines: int
+    problem_lines: Sequence[str] = field(default_factory=tuple)
+    error: str | None = None  # why the log could not be read (the item SKIPs)
+
+
+@dataclass(frozen=True)
 class SmokeEvidence:
     """Everything the judge needs, in plain values (JSON round-trips via `to_dict`/`from_dict`)."""
 
@@ -105,10 +130,14 @@ class SmokeEvidence:
     files_before_count: int = 0  # chunk files under gds_dir before the first send
     files_after_count: int = 0  # ... and after the re-send
     new_files: Sequence[ChunkFile] = field(default_factory=tuple)  # those not there before
+    kv_check: KvCheck | None = None  # the correctness prompt's two answers
+    service_log: ServiceLog | None = None  # --service-log, read after the run
 
     @property
     def resent_tokens(self) -> int:
-        return self.prompt_tokens * len(self.resends)
+        """Prompt tokens sent again after the eviction (the correctness prompt included)."""
+        checked = self.kv_check.prompt_tokens if self.kv_check is not None else 0
+        return self.prompt_tokens * len(self.resends) + checked
 
     @property
     def prompt_label(self) -> str:
@@ -141,7 +170,20 @@ class SmokeEvidence:
             files_before_count=int(data.get("files_before_count", 0)),
             files_after_count=int(data.get("files_after_count", 0)),
             new_files=tuple(ChunkFile(**f) for f in data.get("new_files", ())),
+            kv_check=KvCheck.from_dict(data["kv_check"]) if data.get("kv_check") else None,
+            service_log=_service_log(data.get("service_log")),
         )
+
+
+def _service_log(data: Mapping[str, Any] | None) -> ServiceLog | None:
+    if not data:
+        return None
+    return ServiceLog(
+        source=str(data["source"]),
+        lines=int(data["lines"]),
+        problem_lines=tuple(str(x) for x in data.get("problem_lines", ())),
+        error=None if data.get("error") is None else str(data["error"]),
+    )
 
 
 # Each item is a finding with its id in the check catalog (kvops/checks/catalog.py, GDS-2xx), so
@@ -154,6 +196,8 @@ ITEM_IDS = {
     "retrieved_tokens": "GDS-204",
     "ttft": "GDS-205",
     "chunk_files": "GDS-206",
+    "kv_correct": "GDS-207",
+    "service_log": "GDS-208",
 }
 ITEM_NAMES = {check_id: name for name, check_id in ITEM_IDS.items()}
 
@@ -249,7 +293,8 @@ def judge_stored(ev: SmokeEvidence) -> Finding:
         ev.before,
         ev.after_first,
         LMCACHE_STORED,
-        f"on the first sends of {ev.prompt_label}",
+        f"on the first sends of {ev.prompt_label}"
+        + (" and the correctness prompt" if ev.kv_check is not None else ""),
         ": LMCache stored nothing",
     )
 
@@ -340,14 +385,88 @@ def judge_chunk_files(ev: SmokeEvidence) -> Finding:
     )
 
 
-def judge(ev: SmokeEvidence, min_ttft_drop: float = DEFAULT_MIN_TTFT_DROP) -> list[Finding]:
+def judge_kv_correct(ev: SmokeEvidence, tolerance: float) -> Finding:
+    """The correctness prompt's answer from offloaded KV must be the one computed from scratch."""
+    check = ev.kv_check
+    if check is None:
+        return _finding("kv_correct", Severity.SKIP, "not checked (evidence without kv_check)")
+    ref, off = check.reference, check.offloaded
+    if not ref.tokens or not off.tokens:
+        return _finding(
+            "kv_correct",
+            Severity.SKIP,
+            "the server answered without logprobs: cannot compare greedy answers",
+        )
+    loaded = off.cached_tokens
+    source = (
+        f"the re-send found {_tok(loaded)} of {check.prompt_tokens:,} cached"
+        if loaded is not None
+        else "the server does not report cached tokens"
+    )
+    diff = first_difference(ref, off, tolerance)
+    if diff is not None:
+        return _finding(
+            "kv_correct",
+            Severity.FAIL,
+            f"greedy answers to the same {check.prompt_tokens:,}-token prompt differ: "
+            f"{diff.describe()} ({source}; logprob tolerance {tolerance:g})",
+        )
+    if loaded == 0:
+        return _finding(
+            "kv_correct",
+            Severity.SKIP,
+            "the correctness prompt's re-send was recomputed (0 cached tokens): no offloaded KV "
+            "to check",
+        )
+    return _finding(
+        "kv_correct",
+        Severity.PASS,
+        f"{len(ref.tokens)} greedy tokens identical, logprobs within {tolerance:g} (largest "
+        f"difference {largest_logprob_gap(ref, off):.2g}), computed from scratch and from the "
+        f"KV after the eviction; {source}",
+    )
+
+
+def judge_service_log(ev: SmokeEvidence) -> Finding:
+    """validate's GDS-066 logic on this start's log: LMCache's degraded mode is a FAIL."""
+    log = ev.service_log
+    if log is None:
+        return _finding(
+            "service_log",
+            Severity.SKIP,
+            "no --service-log given: LMCache's degraded mode is written only to the log",
+        )
+    if log.error is not None:
+        return _finding("service_log", Severity.SKIP, f"{log.source}: {log.error}")
+    found, shown = journal_problems(list(log.problem_lines))
+    if found:
+        return finding(
+            ITEM_IDS["service_log"],
+            Severity.FAIL,
+            f"{log.source}: " + "; ".join(found) + f'; first: "{clip(shown[0], 240)}"',
+            "\n".join(shown),
+        )
+    return _finding(
+        "service_log",
+        Severity.PASS,
+        f"{log.source}: {log.lines:,} lines, no LMCache fallback or ignored setting",
+    )
+
+
+def judge(
+    ev: SmokeEvidence,
+    min_ttft_drop: float = DEFAULT_MIN_TTFT_DROP,
+    logprob_tolerance: float = DEFAULT_LOGPROB_TOLERANCE,
+) -> list[Finding]:
     """All items, in the order a reader follows the story."""
     return [
         judge_offload(ev),
+        judge_service_log(ev),
         judge_eviction(ev),
         judge_stored(ev),
         judge_external_hits(ev),
         judge_retrieved(ev),
+        judge_kv_correct(ev, logprob_tolerance),
         judge_ttft(ev, min_ttft_drop),
         judge_chunk_files(ev),
     ]

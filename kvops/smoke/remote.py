@@ -4,6 +4,11 @@ the export.
 
 The reading is `kvops.smoke.chunk_files` shipped as source to the host's Python over the validate
 transport (`kvops.remote.ssh`: verified host keys, jump hosts, become), one round trip per look.
+
+The service log of this start is what validate's probe collects (one probe run over the same
+transport, started by the CLI: `kvops.cli.smoke`): the unit's journal of its current invocation
+and the LMCache problem lines of the whole run (`vllm_journal`, `vllm_journal_problems`), judged
+by the same code as validate's GDS-066; `journal_service_log` reads them from the evidence.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from typing import Any
 
 import paramiko
 
+from kvops import evidence as ev
+from kvops.checks.lmcache import problem_lines
 from kvops.remote.inventory import InventoryError, InventoryHost, load_inventory
 from kvops.remote.ssh import SshOptions, known_hosts_for, run_ssh
 from kvops.smoke import chunk_files
-from kvops.smoke.judge import ChunkFile
+from kvops.smoke.judge import ChunkFile, ServiceLog
 from kvops.smoke.run import SmokeError
 
 _SOURCE = Path(chunk_files.__file__).read_text()
@@ -111,3 +118,17 @@ class RemoteChunks:
             return []
         files = self._ask({"op": "describe", "paths": paths})["files"]
         return [ChunkFile(**f) for f in files]
+
+
+def journal_service_log(where: str, evidence: ev.Evidence) -> ServiceLog:
+    """The journal's LMCache problem lines from a probe's evidence; a journal that was not read
+    is a ServiceLog with its `error` (the item SKIPs with the reason: a host without systemd
+    has no journal)."""
+    journal = ev.item_text(evidence, ev.VLLM_JOURNAL)
+    if journal is None:
+        problem = ev.item_problem(ev.get_item(evidence, ev.VLLM_JOURNAL))
+        return ServiceLog(where, 0, error=f"journal not read: {problem}")
+    lines = journal.splitlines()
+    # journalctl --grep exits 1 when nothing matched: no text is no problem line
+    early = (ev.item_text(evidence, ev.VLLM_JOURNAL_PROBLEMS) or "").splitlines()
+    return ServiceLog(where, len(lines), tuple(problem_lines(lines + early)))

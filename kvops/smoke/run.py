@@ -7,6 +7,12 @@ judge (`kvops.smoke.judge`) can attribute every rise to the right request. A sho
 first keeps first-request costs out of the cold TTFT. The prompt is drawn fresh from a seed
 (reported) so a persistent offload tier cannot already hold it from an earlier run.
 
+One more fresh prompt checks that the KV which comes back is the right one
+(`kvops.smoke.kv_check`): asked greedily with log-probabilities right after the cold sends,
+nothing can hold it yet, so vLLM computes its KV from scratch (the reference, which the offload
+tier stores); asked again after the re-sends, its KV comes from the offload tier. A recomputed
+reference needs no second engine and no switch on the server: the first, storing request is one.
+
 Everything here either returns evidence or raises `SmokeError` with a one-line reason ("could
 not run", exit 2); judging is left to `kvops.smoke.judge`.
 """
@@ -17,6 +23,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +32,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from kvops.checks.lmcache import problem_lines
 from kvops.errors import KvopsError
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session, send_request
 from kvops.loadgen.client import read_text
@@ -38,7 +46,15 @@ from kvops.smoke.judge import (
     Eviction,
     MetricsSnapshot,
     RequestResult,
+    ServiceLog,
     SmokeEvidence,
+)
+from kvops.smoke.kv_check import (
+    Completion,
+    CompletionShapeError,
+    KvCheck,
+    completion_body,
+    parse_completion,
 )
 
 # Token ids used when the server has no /tokenize: low ids exist in every real vocabulary.
@@ -68,6 +84,17 @@ class SmokeOptions:
     evict: str = "auto"  # auto | reset | fillers
     # Read chunk files through this instead of gds_dir (e.g. over SSH: kvops.smoke.remote).
     chunks: ChunkSource | None = None
+    # The engine's service log of this start, read after the run (LMCache's degraded mode):
+    # a file here, or through this (e.g. the host's journal over SSH: kvops.smoke.remote).
+    service_log: Path | None = None
+    service_log_source: ServiceLogSource | None = None
+
+    def read_service_log(self) -> ServiceLog | None:
+        if self.service_log is not None:
+            return read_service_log(self.service_log)
+        if self.service_log_source is not None:
+            return self.service_log_source.read()
+        return None
 
     def chunk_source(self) -> ChunkSource | None:
         if self.chunks is not None:
@@ -201,6 +228,12 @@ def describe_chunk_file(path: str) -> ChunkFile:
     return ChunkFile(**chunk_files.describe(path))
 
 
+class ServiceLogSource(Protocol):
+    """Where the service log of this start is read when it is not a local file."""
+
+    def read(self) -> ServiceLog: ...
+
+
 class ChunkSource(Protocol):
     """Where the chunk files are read: this machine's mount, or the GPU host over SSH."""
 
@@ -260,10 +293,12 @@ class SmokeRunner:
         files_before = await asyncio.to_thread(source.paths) if source else set()
 
         prompts = [self._prompt(pool, prompt_tokens) for _ in range(opts.prompts)]
+        check_prompt = self._prompt(pool, prompt_tokens)
         first = [
             await self._send(session, endpoint, p, f"prompt {i + 1} cold")
             for i, p in enumerate(prompts)
         ]
+        reference = await self._greedy(server, model, check_prompt, "correctness prompt cold")
         after_first = await _settled(server, (before, LMCACHE_STORED))
 
         eviction = await self._evict(session, server, endpoint, pool, max_len)
@@ -272,6 +307,7 @@ class SmokeRunner:
             await self._send(session, endpoint, p, f"prompt {i + 1} re-sent")
             for i, p in enumerate(prompts)
         ]
+        offloaded = await self._greedy(server, model, check_prompt, "correctness prompt re-sent")
         after_resend = await _settled(server, (before_resend, LMCACHE_HIT))
 
         new: list[ChunkFile] = []
@@ -297,7 +333,22 @@ class SmokeRunner:
             files_before_count=len(files_before),
             files_after_count=len(files_after),
             new_files=tuple(new),
+            kv_check=KvCheck(prompt_tokens, reference, offloaded),
+            service_log=await asyncio.to_thread(opts.read_service_log),
         )
+
+    async def _greedy(
+        self, server: _Server, model: str, prompt: list[int], what: str
+    ) -> Completion:
+        """One non-streaming greedy answer with its tokens' log-probabilities."""
+        doc = await server.json("POST", "/v1/completions", completion_body(model, prompt))
+        try:
+            answer = parse_completion(doc)
+        except CompletionShapeError as exc:
+            raise SmokeError(f"{what}: {exc}") from None
+        cached = "" if answer.cached_tokens is None else f", {answer.cached_tokens:,} cached tokens"
+        self.progress(f"{what}: {len(answer.tokens)} greedy tokens with logprobs{cached}")
+        return answer
 
     async def _model(self, server: _Server) -> tuple[str, int | None]:
         """The model to use (given, or the first listed) and its max_model_len when reported."""
@@ -409,6 +460,26 @@ class SmokeRunner:
             await asyncio.sleep(0.25)
             files = await asyncio.to_thread(source.paths)
         return files
+
+
+# LMCache colours its log level when it logs to a file too ("\x1b[31;20m... LMCache ERROR:\x1b[0m",
+# lmcache/logging.py): the quoted lines drop the colour codes.
+_ANSI_SGR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def read_service_log(path: Path) -> ServiceLog:
+    """The lines of the engine's service log that name an LMCache problem (validate's GDS-066
+    list), read after the run: LMCache reports its degraded mode once, at start."""
+    count = 0
+    found: list[str] = []
+    try:
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:  # a journal can be large: line by line
+                count += 1
+                found += problem_lines([_ANSI_SGR.sub("", line)])
+    except OSError as exc:
+        raise SmokeError(f"cannot read the service log {path}: {exc.strerror}") from None
+    return ServiceLog(str(path), count, tuple(found))
 
 
 def run_smoke(opts: SmokeOptions, progress: Progress = _quiet) -> SmokeEvidence:

@@ -4,12 +4,15 @@ the right KV, and kvops's judge catches it when it silently does not.
 - store -> POST /reset_prefix_cache -> the same prefix hits: full 256-token chunks only, chunk
   files in LMCache's GDS layout under gds_path, LMCache's own counters rise, and greedy
   completions with logprobs are the same as computed without LMCache (the baseline engine);
-- negative control: a second LMCache engine on the same gds_path whose device-seam double zeroes
-  V on load hits the same chunks from the files (cross-process reuse) and answers differently,
-  so the comparison above can see wrong KV;
+- a fresh process on the same gds_path (what a restart, or another host on the same export,
+  is): its very first request hits the chunks the offload engine wrote, by LMCache's and vLLM's
+  counters (lmcache:num_hit_tokens, vllm:external_prefix_cache_hits) and cached_tokens;
+- negative control: that second engine's device-seam double zeroes V on load, and it answers
+  differently, so the comparison above can see wrong KV; `kvops smoke` FAILs it (GDS-207, the
+  first differing token named) while every counter rises;
 - LMCache without the device seam (what any initialisation failure on a GPU host looks like):
-  /health 200, "degraded mode" in the log, and `kvops validate`'s GDS-066 FAILs on that real log
-  while it PASSes on the working engine's log.
+  /health 200, "degraded mode" in the log, `kvops validate`'s GDS-066 FAILs on that real log
+  while it PASSes on the working engine's log, and `kvops smoke --service-log` FAILs (GDS-208).
 
 The two extra engines start together when this module begins and stop when it ends.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -33,6 +37,10 @@ from kvops.parse.prometheus import parse_prometheus_text
 
 if TYPE_CHECKING:
     from conftest import Engine
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+# The control engines' smoke: one short prompt (two chunks) keeps it to a few requests.
+SHORT_SMOKE = ("--prompts", "1", "--prompt-tokens", "512", "--json")
 
 pytestmark = pytest.mark.timeout(1500)  # the first test may pay for the engine install
 
@@ -204,25 +212,47 @@ def test_lmcache_stores_full_chunks_and_returns_the_same_kv_after_a_prefix_cache
     assert _same(warm, without), (warm, without)
 
 
-def test_the_comparison_sees_wrong_kv_negative_control(
+def _smoke_items(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return {i["name"]: i for i in json.loads(proc.stdout)["items"]}
+
+
+def test_a_fresh_process_on_the_same_gds_path_hits_first_and_wrong_kv_fails_smoke(
     offload_engine: Engine,
     baseline_engine: Engine,
     control_engines: dict[str, Engine],
     prompt: list[int],
+    kvops_cli: Cli,
 ) -> None:
-    """Same gds_path, another process: the chunks the offload engine wrote are hit from the
-    files; the double zeroes V as it loads them, and the answer changes."""
+    """Same gds_path, another process (a restart, or another host on the same export): its first
+    request hits the chunks the offload engine wrote, from the files. The double zeroes V as it
+    loads them: the answer changes, and smoke's correctness check says so."""
     zero_v = control_engines["zero_v"]
     zero_v.wait_ready()
-    corrupted = _complete(zero_v.url, prompt)
+    url = zero_v.url
+    assert _counter(url, "lmcache:num_hit_tokens") == 0
+    corrupted = _complete(url, prompt)  # this process's first request
     assert corrupted["cached_tokens"] == STORED, corrupted  # the KV did come from LMCache
     assert "LMCache hit tokens: 1536" in zero_v.log_text()
+    assert _poll_counter(url, "lmcache:num_hit_tokens", STORED) >= STORED
+    assert _counter(url, "vllm:external_prefix_cache_hits") >= STORED
     right = _complete(baseline_engine.url, prompt)
     assert not _same(corrupted, right), (corrupted, right)
 
+    proc = kvops_cli("smoke", "--url", url, *SHORT_SMOKE)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    items = _smoke_items(proc)
+    kv = items["kv_correct"]
+    assert kv["status"] == "FAIL", kv
+    assert re.search(r"(token|logprob) \d+ differs: recomputed id \d+ \(logprob -?[\d.]+\), "
+                     r"from offload id \d+ \(logprob -?[\d.]+\)", kv["message"]), kv  # fmt: skip
+    # LMCache did store and retrieve: only the correctness check sees the wrong KV
+    assert items["stored_tokens"]["status"] == "PASS", items["stored_tokens"]
+    assert items["retrieved_tokens"]["status"] == "PASS", items["retrieved_tokens"]
 
-def test_lmcache_without_its_device_seam_is_healthy_but_degraded_and_validate_fails_it(
-    offload_engine: Engine, control_engines: dict[str, Engine], prompt: list[int]
+
+def test_lmcache_without_its_device_seam_is_healthy_but_degraded_and_validate_and_smoke_fail_it(
+    offload_engine: Engine, control_engines: dict[str, Engine], prompt: list[int], kvops_cli: Cli
 ) -> None:
     """What any LMCache initialisation failure looks like (on a GPU host e.g. a cuFile
     registration error): /health 200, a request answered by recompute, and only the log says
@@ -246,3 +276,18 @@ def test_lmcache_without_its_device_seam_is_healthy_but_degraded_and_validate_fa
         edited(vllm_journal=journal(offload_engine.log_text())), "GDS-066"
     )
     assert severity == "PASS", message
+
+    # kvops smoke reads the same start's log: degraded mode is a FAIL with the lines
+    proc = kvops_cli(
+        "smoke", "--url", no_seam.url, "--service-log", str(no_seam.log_path), *SHORT_SMOKE
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    item = _smoke_items(proc)["service_log"]
+    assert item["status"] == "FAIL", item
+    assert "'Failed to initialize LMCacheManager components'" in item["message"]
+    assert "'degraded mode'" in item["message"]
+    [finding] = [
+        f for f in json.loads(proc.stdout)["hosts"][no_seam.url]["findings"]
+        if f["check_id"] == "GDS-208"
+    ]  # fmt: skip
+    assert "degraded mode" in finding["evidence"] and "first LMCache ERROR" in finding["remedy"]

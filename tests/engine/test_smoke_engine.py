@@ -1,12 +1,17 @@
 """`kvops smoke --url` against real vLLM engines: passes on the role's offload variant (the real
-LMCache, its GDS backend writing chunk files), and fails with "offload not configured" on the
-role's prefix-caching-only baseline."""
+LMCache, its GDS backend writing chunk files; the correctness prompt's greedy answer from LMCache's
+KV is the one computed from scratch; no degraded mode in the engine's log), and fails with
+"offload not configured" on the role's prefix-caching-only baseline. Smoke's FAILs on wrong KV and
+on LMCache's degraded mode are proven in test_lmcache_engine.py, on its control engines."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -27,7 +32,14 @@ def _items(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
 def test_smoke_passes_on_the_offload_engine(offload_engine: Engine, kvops_cli: Cli) -> None:
     assert offload_engine.kv_dir is not None
     proc = kvops_cli(
-        "smoke", "--url", offload_engine.url, "--gds-dir", str(offload_engine.kv_dir), "--json"
+        "smoke",
+        "--url",
+        offload_engine.url,
+        "--gds-dir",
+        str(offload_engine.kv_dir),
+        "--service-log",
+        str(offload_engine.log_path),
+        "--json",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     items = _items(proc)
@@ -41,6 +53,21 @@ def test_smoke_passes_on_the_offload_engine(offload_engine: Engine, kvops_cli: C
     assert items["ttft"]["status"] == "PASS"
     assert items["chunk_files"]["status"] == "PASS", items["chunk_files"]
     assert "LMCache chunk files (*.kvcache.safetensors)" in items["chunk_files"]["message"]
+    # the correctness prompt: greedy tokens and logprobs from LMCache's KV = computed from scratch
+    kv = items["kv_correct"]
+    assert kv["status"] == "PASS", kv
+    assert "8 greedy tokens identical" in kv["message"]
+    doc = json.loads(proc.stdout)["evidence"]["kv_check"]
+    assert doc["reference"]["cached_tokens"] == 0  # computed from scratch
+    assert doc["offloaded"]["cached_tokens"] >= 1536  # its KV came back from LMCache
+    assert all(t.startswith("token_id:") for t in doc["reference"]["tokens"])
+    # float32 on the CPU: far inside the 0.05 tolerance (kvops/smoke/kv_check.py)
+    gaps = [
+        abs(a - b)
+        for a, b in zip(doc["reference"]["logprobs"], doc["offloaded"]["logprobs"], strict=True)
+    ]
+    assert max(gaps) < 1e-3, gaps
+    assert items["service_log"]["status"] == "PASS", items["service_log"]
 
 
 def test_smoke_evicts_with_fillers_sized_from_the_metrics(
@@ -65,3 +92,63 @@ def test_smoke_fails_on_the_baseline_engine(baseline_engine: Engine, kvops_cli: 
     assert items["offload"]["message"].startswith("offload not configured")
     assert items["external_hits"]["status"] == "FAIL"
     assert items["chunk_files"]["status"] == "SKIP"
+
+
+def test_a_storage_fault_mid_run_loses_no_request_and_smoke_reports_the_failed_loads(
+    offload_engine: Engine, kvops_cli: Cli
+) -> None:
+    """The file tier loses every chunk file LMCache writes during the run (deleted as soon as it
+    appears: what a lost or swapped export does to a running service). The role renders
+    `kv_load_failure_policy: recompute`, so vLLM recomputes what LMCache fails to load and every
+    request is answered (smoke ran: exit 1, not 2), and smoke says why it is not a pass: the
+    failed loads in this start's log. Last in the tier: the offload engine keeps LMCache's index
+    of the deleted chunks (only this run's fresh prompts, which nothing later sends)."""
+    args = offload_engine.args
+    kv_config = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert kv_config["kv_load_failure_policy"] == "recompute", kv_config
+    gds = offload_engine.kv_dir
+    assert gds is not None
+    before = set(gds.rglob("*.kvcache.safetensors"))
+    deleted: list[Path] = []
+    stop = threading.Event()
+
+    def lose_new_chunks() -> None:
+        while not stop.wait(0.05):
+            for path in set(gds.rglob("*.kvcache.safetensors")) - before:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    deleted.append(path)
+
+    thief = threading.Thread(target=lose_new_chunks, daemon=True)
+    thief.start()
+    try:
+        proc = kvops_cli(
+            "smoke",
+            "--url",
+            offload_engine.url,
+            "--service-log",
+            str(offload_engine.log_path),
+            "--prompts",
+            "1",
+            "--prompt-tokens",
+            "1024",
+            "--json",
+        )
+    finally:
+        stop.set()
+        thief.join()
+    assert deleted, "no chunk file was written, so none could be lost"
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # judged, not "could not run"
+    doc = json.loads(proc.stdout)
+    evidence = doc["evidence"]
+    assert len(evidence["resends"]) == 1 and evidence["kv_check"]["offloaded"]["tokens"]
+    items = _items(proc)
+    log_item = items["service_log"]
+    assert log_item["status"] == "FAIL", log_item
+    assert (
+        "a KV load from the offload tier failed and vLLM recomputed those tokens"
+        in (log_item["message"])
+    )
+    # recomputed, so the answer is still right (or, where vLLM reports the prompt uncached,
+    # there was no offloaded KV to compare)
+    assert items["kv_correct"]["status"] in ("PASS", "SKIP"), items["kv_correct"]

@@ -86,20 +86,65 @@ def smoke(*args: str) -> tuple[int, dict[str, dict[str, str]], str]:
 def test_smoke_passes_on_the_sim_with_lmcache_gds_offload(tmp_path: Path) -> None:
     gds = tmp_path / "gds"
     gds.mkdir()
-    with sim_server(gds, tmp_path / "sim.log") as url:
-        code, items, out = smoke("--url", url, "--gds-dir", str(gds))
+    log = tmp_path / "sim.log"
+    with sim_server(gds, log) as url:
+        code, items, out = smoke("--url", url, "--gds-dir", str(gds), "--service-log", str(log))
     assert code == 0, out
     assert {name: i["status"] for name, i in items.items()} == {
         "offload": "PASS",
+        "service_log": "PASS",
         "eviction": "PASS",
         "stored_tokens": "PASS",
         "external_hits": "PASS",
         "retrieved_tokens": "PASS",
+        "kv_correct": "PASS",
         "ttft": "PASS",
         "chunk_files": "PASS",
     }
+    assert (
+        "8 greedy tokens identical, logprobs within 0.05 (largest difference 0)"
+        in (items["kv_correct"]["message"])
+    )
     assert "LMCache chunk files (*.kvcache.safetensors)" in items["chunk_files"]["message"]
     assert list(gds.rglob("*.kvcache.safetensors"))
+
+
+def test_smoke_fails_when_the_kv_from_offload_gives_another_answer(tmp_path: Path) -> None:
+    """The sim behind a proxy double that changes the third greedy token of every answer whose
+    prompt came from cache (tests/doubles/wrong_kv_proxy.py): every counter still rises, the
+    correctness check alone sees it and names the token."""
+    gds = tmp_path / "gds"
+    gds.mkdir()
+    port = _free_port()
+    with sim_server(gds, tmp_path / "sim.log") as upstream:
+        double = Path(__file__).parents[1] / "doubles" / "wrong_kv_proxy.py"
+        proxy = subprocess.Popen(
+            [sys.executable, str(double), "--port", str(port), "--upstream", upstream],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            while True:
+                with contextlib.suppress(OSError):
+                    urllib.request.urlopen(url + "/health", timeout=1).close()
+                    break
+                assert time.monotonic() < deadline, "the proxy double did not start"
+                time.sleep(0.1)
+            code, items, out = smoke("--url", url, "--gds-dir", str(gds))
+        finally:
+            proxy.terminate()
+            proxy.wait(10)
+    assert code == 1, out
+    item = items["kv_correct"]
+    assert item["status"] == "FAIL"
+    assert "token 3 differs: recomputed id " in item["message"], item
+    assert "(logprob -" in item["message"] and "from offload id " in item["message"]
+    assert items["retrieved_tokens"]["status"] == "PASS"  # the counters cannot tell
+    doc = json.loads(out)
+    [finding] = [f for f in doc["hosts"][url]["findings"] if f["check_id"] == "GDS-207"]
+    assert "gds_path" in finding["remedy"]
 
 
 def test_smoke_fails_on_the_sim_without_offload(tmp_path: Path) -> None:

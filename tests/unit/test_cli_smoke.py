@@ -25,6 +25,6 @@ def test_table_lists_ids_and_the_verdict_and_junit_has_one_case_per_check(
     assert "GDS-206" in result.stdout and "smoke: FAIL" in result.stdout
     assert "GDS-080" in result.stdout  # the catalog remedy points at validate's check
     suite = ET.parse(junit).getroot().find("testsuite")
-    assert suite is not None and suite.get("tests") == "7" and suite.get("failures") == "1"
+    assert suite is not None and suite.get("tests") == "9" and suite.get("failures") == "1"
     failed = [c.get("name") for c in suite if c.find("failure") is not None]
     assert failed == ["GDS-206 New chunk files in the storage directory"]

@@ -20,6 +20,7 @@ from kvops.smoke.judge import (
     Eviction,
     MetricsSnapshot,
     RequestResult,
+    ServiceLog,
     SmokeEvidence,
     as_fleet,
     exit_code,
@@ -28,8 +29,20 @@ from kvops.smoke.judge import (
     overall,
     report_dict,
 )
+from kvops.smoke.kv_check import Completion, KvCheck, parse_completion
 
 PROMPT = 2048
+TOKENS = tuple(f"token_id:{t}" for t in (17, 4, 933, 12, 12, 5, 88, 301))
+LOGPROBS = (-0.12, -1.5, -0.03, -2.2, -0.7, -0.01, -3.1, -0.4)
+
+
+def kv_check(
+    tokens: tuple[str, ...] = TOKENS,
+    logprobs: tuple[float | None, ...] = LOGPROBS,
+    cached: int | None = 1792,
+) -> KvCheck:
+    """The correctness prompt: computed from scratch, then re-sent with `tokens`/`logprobs`."""
+    return KvCheck(PROMPT, Completion(TOKENS, LOGPROBS, 0), Completion(tokens, logprobs, cached))
 
 
 def snap(has_lmcache: bool = False, **values: float | None) -> MetricsSnapshot:
@@ -61,6 +74,7 @@ def connector_evidence(**over: object) -> SmokeEvidence:
         files_before_count=0,
         files_after_count=1,
         new_files=(ChunkFile("/data/kv/abc/layer0.safetensors", 1 << 20, "connector"),),
+        kv_check=kv_check(),
     )
     return dataclasses.replace(ev, **over)  # type: ignore[arg-type]
 
@@ -80,6 +94,7 @@ def lmcache_evidence(**over: object) -> SmokeEvidence:
             )
             for i in range(8)
         ),
+        service_log=ServiceLog("vllm.log", 1200, ()),
     )
     return dataclasses.replace(ev, **over)  # type: ignore[arg-type]
 
@@ -105,10 +120,12 @@ def test_connector_engine_passes_and_lmcache_items_skip_with_reason() -> None:
 
 def test_lmcache_engine_passes_every_item() -> None:
     items = judge(lmcache_evidence())
-    assert [i.severity for i in items] == ["PASS"] * 7
+    assert [i.severity for i in items] == ["PASS"] * 9
     named = by_name(items)
     assert "LMCache chunk files" in named["chunk_files"].message
     assert "2,048 tokens" in named["stored_tokens"].message
+    # its counter rose for the correctness prompt too, and the message says so
+    assert named["stored_tokens"].message.endswith("prompt and the correctness prompt")
 
 
 def test_engine_without_offload_fails_with_offload_not_configured() -> None:
@@ -141,7 +158,8 @@ def test_missing_external_metric_is_offload_not_configured_and_hits_skip() -> No
 
 
 def test_prompt_still_resident_fails_eviction() -> None:
-    ev = connector_evidence(after_resend=snap(ext_q=2 * PROMPT, ext_h=0, local_h=1920))
+    # both re-sent prompts (the test prompt and the correctness prompt) found in the GPU cache
+    ev = connector_evidence(after_resend=snap(ext_q=2 * PROMPT, ext_h=0, local_h=2 * 1920))
     named = by_name(judge(ev))
     assert named["eviction"].severity == "FAIL"
     assert "still in GPU memory" in named["eviction"].message
@@ -236,12 +254,19 @@ def test_overall_of_only_skips_is_skip() -> None:
 
 def test_every_item_is_a_catalog_finding_with_a_remedy_when_it_fails() -> None:
     flat = snap(ext_q=0, ext_h=0, local_h=0)
-    failed = judge(connector_evidence(after_resend=flat, new_files=()))
+    failed = judge(
+        connector_evidence(
+            after_resend=flat,
+            new_files=(),
+            kv_check=kv_check(tokens=(*TOKENS[:3], "token_id:5", *TOKENS[4:])),
+            service_log=ServiceLog("vllm.log", 10, ("LMCache ERROR: ... degraded mode",)),
+        )
+    )
     for item in judge(lmcache_evidence()) + failed:
         info = CATALOG[item.check_id]
         assert info.concern == "smoke" and item.title == info.title
         assert bool(item.remedy) == (item.severity is Severity.FAIL)
-    assert [i.check_id for i in failed] == [f"GDS-20{n}" for n in range(7)]
+    assert sorted(i.check_id for i in failed) == [f"GDS-20{n}" for n in range(9)]
 
 
 def test_smoke_reports_in_validates_shapes() -> None:
@@ -252,7 +277,7 @@ def test_smoke_reports_in_validates_shapes() -> None:
     host = doc["hosts"][ev.url]
     assert host["status"] == "FAIL"
     assert {f["check_id"]: f["severity"] for f in host["findings"]}["GDS-206"] == "FAIL"
-    assert doc["items"][6] == {
+    assert doc["items"][8] == {
         "name": "chunk_files",
         "status": "FAIL",
         "message": by_name(items)["chunk_files"].message,
@@ -260,4 +285,137 @@ def test_smoke_reports_in_validates_shapes() -> None:
     assert SmokeEvidence.from_dict(doc["evidence"]) == ev
     junit = to_junit(as_fleet(ev.url, items), suite_name="kvops-smoke")
     assert 'name="GDS-206 New chunk files in the storage directory"' in junit
-    assert junit.count("<failure") == 1 and junit.count("<skipped") == 2
+    assert junit.count("<failure") == 1 and junit.count("<skipped") == 3
+
+
+def test_offloaded_kv_that_changes_a_greedy_token_fails_naming_the_first_difference() -> None:
+    wrong = (*TOKENS[:2], "token_id:934", *TOKENS[3:])
+    logprobs = (*LOGPROBS[:2], -1.9, *LOGPROBS[3:])
+    item = by_name(judge(lmcache_evidence(kv_check=kv_check(wrong, logprobs))))["kv_correct"]
+    assert item.severity == "FAIL"
+    assert item.check_id == "GDS-207"
+    assert (
+        "token 3 differs: recomputed id 933 (logprob -0.03000), from offload id 934 "
+        "(logprob -1.90000)" in item.message
+    )
+    assert "1,792 tokens of 2,048 cached" in item.message
+    assert "gds_path" in item.remedy
+
+
+@pytest.mark.parametrize(
+    ("shift", "tolerance", "status"),
+    [(0.00002, 0.05, "PASS"), (0.049, 0.05, "PASS"), (0.06, 0.05, "FAIL"), (0.02, 0.01, "FAIL")],
+)
+def test_logprobs_must_agree_within_the_tolerance(
+    shift: float, tolerance: float, status: str
+) -> None:
+    moved = tuple(x - shift if i == 4 else x for i, x in enumerate(LOGPROBS))
+    ev = lmcache_evidence(kv_check=kv_check(logprobs=moved))
+    item = by_name(judge(ev, logprob_tolerance=tolerance))["kv_correct"]
+    assert item.severity == status, item.message
+    if status == "FAIL":
+        assert "logprob 5 differs" in item.message
+        assert "id 12 (logprob -0.70000), from offload id 12" in item.message
+    else:
+        assert "8 greedy tokens identical" in item.message
+
+
+def test_kv_check_skips_without_logprobs_or_without_offloaded_kv() -> None:
+    bare = KvCheck(PROMPT, Completion((), (), 0), Completion((), (), 1792))
+    item = by_name(judge(lmcache_evidence(kv_check=bare)))["kv_correct"]
+    assert (item.severity, item.message) == (
+        "SKIP",
+        "the server answered without logprobs: cannot compare greedy answers",
+    )
+    item = by_name(judge(lmcache_evidence(kv_check=kv_check(cached=0))))["kv_correct"]
+    assert item.severity == "SKIP" and "recomputed (0 cached tokens)" in item.message
+    # a shorter answer differs where it ends
+    short = kv_check(tokens=TOKENS[:6], logprobs=LOGPROBS[:6])
+    item = by_name(judge(lmcache_evidence(kv_check=short)))["kv_correct"]
+    assert item.severity == "FAIL" and "from offload (no token: the answer ended)" in item.message
+
+
+def test_degraded_mode_in_the_service_log_fails_smoke_with_the_lines() -> None:
+    lines = (
+        "LMCache ERROR: Failed to initialize LMCacheManager components: RuntimeError: No "
+        "supported cpu connector found. System will operate in degraded mode (recompute).",
+    )
+    item = by_name(judge(lmcache_evidence(service_log=ServiceLog("vllm.log", 900, lines))))[
+        "service_log"
+    ]
+    assert item.severity == "FAIL" and item.check_id == "GDS-208"
+    assert item.message.startswith(
+        "vllm.log: 1x 'Failed to initialize LMCacheManager components': LMCache failed"
+    )
+    assert "1x 'degraded mode'" in item.message
+    assert "No supported cpu connector found" in item.message and lines[0] in item.evidence
+    assert "first LMCache ERROR of this start" in item.remedy
+    clean = by_name(judge(lmcache_evidence()))["service_log"]
+    assert clean.message == "vllm.log: 1,200 lines, no LMCache fallback or ignored setting"
+    none = by_name(judge(connector_evidence()))["service_log"]
+    assert none.severity == "SKIP" and "no --service-log given" in none.message
+
+
+def test_evidence_saved_before_the_kv_check_still_loads() -> None:
+    doc = lmcache_evidence().to_dict()
+    del doc["kv_check"], doc["service_log"]
+    named = by_name(judge(SmokeEvidence.from_dict(doc)))
+    assert named["kv_correct"].severity == "SKIP"
+    assert named["service_log"].severity == "SKIP"
+
+
+def test_a_vllm_completion_with_logprobs_parses_to_tokens_and_logprobs() -> None:
+    """The shape of vLLM's non-streaming /v1/completions answer with `logprobs: 1` and
+    `return_tokens_as_token_ids` (vllm/entrypoints/openai/protocol.py CompletionLogProbs)."""
+    doc = {
+        "id": "cmpl-1",
+        "choices": [
+            {
+                "index": 0,
+                "text": "ab",
+                "logprobs": {
+                    "text_offset": [0, 1],
+                    "token_logprobs": [-0.25, float("-inf")],
+                    "tokens": ["token_id:7", "token_id:9"],
+                    "top_logprobs": [{"token_id:7": -0.25}, {"token_id:9": -1.0}],
+                },
+            }
+        ],
+        "usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 4}},
+    }
+    got = parse_completion(doc)
+    assert got == Completion(("token_id:7", "token_id:9"), (-0.25, None), 4)
+    no_logprobs = {"choices": [{"text": "ab", "logprobs": None}], "usage": {}}
+    assert parse_completion(no_logprobs) == Completion((), (), None)
+    with pytest.raises(ValueError, match="no choices"):
+        parse_completion({"error": "x"})
+
+
+def test_failed_loads_in_the_service_log_fail_smoke_though_every_request_was_answered() -> None:
+    """LMCache's adapter logs a load that came back short (vllm_v1_adapter.py); with
+    kv_load_failure_policy recompute vLLM answered anyway, so only the log tells."""
+    lines = (
+        "[2026-12-04 18:40:01] LMCache ERROR: Request cmpl-1-0The number of retrieved tokens is "
+        "less than the expected number of tokens! This should not happen! (vllm_v1_adapter.py)",
+        "[2026-12-04 18:40:01] LMCache ERROR: GDS read failed for /data/kv/12/34/x: [Errno 2]",
+    )
+    ev = lmcache_evidence(service_log=ServiceLog("vllm.log", 900, lines))
+    item = by_name(judge(ev))["service_log"]
+    assert item.severity == "FAIL"
+    assert "a KV load from the offload tier failed and vLLM recomputed those tokens" in (
+        item.message
+    )
+    assert "a chunk file could not be read from gds_path" in item.message
+
+
+def test_a_service_log_that_could_not_be_read_skips_with_the_reason() -> None:
+    log = ServiceLog("gpu1: journal of vllm.service", 0, error="journal not read: exit 1")
+    item = by_name(judge(lmcache_evidence(service_log=log)))["service_log"]
+    assert (item.severity, item.message) == (
+        "SKIP",
+        "gpu1: journal of vllm.service: journal not read: exit 1",
+    )
+    again = SmokeEvidence.from_dict(
+        json.loads(json.dumps(lmcache_evidence(service_log=log).to_dict()))
+    )
+    assert again.service_log == log

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from test_smoke_run import _lmcache_file
 
+from kvops.cli.smoke import _HostJournal
 from kvops.remote.inventory import InventoryHost
 from kvops.remote.ssh import ProbeRun, SshOptions
 from kvops.smoke import remote as smoke_remote
@@ -61,3 +62,61 @@ def test_a_failing_host_side_is_a_one_line_could_not_run(
     monkeypatch.setattr(smoke_remote, "run_ssh", refused)
     with pytest.raises(SmokeError, match=r"cannot read gpu1:.* over SSH: sudo password required"):
         remote.paths()
+
+
+def _tool(directory: Path, name: str, script: str) -> None:
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("degraded", [True, False])
+def test_with_host_the_service_log_is_the_journal_validates_probe_reads(
+    tmp_path: Path, degraded: bool
+) -> None:
+    """`--host` (kvops.cli.smoke): validate's probe, run as for `ansible_connection: local`
+    (the same program the SSH transport ships), with test doubles of
+    `systemctl` and `journalctl` (the invocation's journal; `--grep` for the problem lines,
+    exiting 1 when nothing matches, as journalctl does)."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    _tool(tools, "systemctl", 'echo "MainPID=0"; echo "InvocationID=abc123"\n')
+    line = "LMCache ERROR: Failed to initialize LMCacheManager components: degraded mode"
+    grep = f'echo "{line}"; exit 0' if degraded else "exit 1"
+    _tool(
+        tools,
+        "journalctl",
+        f'case "$*" in *--grep*) {grep};; *) printf "start\\nserving\\nready\\n";; esac\n',
+    )
+    host = InventoryHost(
+        name="gpu1",
+        vars={
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "kvops_probe_tool_dirs": [str(tools)],
+            "kvops_vllm_url": "http://127.0.0.1:9",
+        },
+    )
+    got = _HostJournal(host, SshOptions(timeout_s=60)).read()
+    assert got.error is None, got
+    assert got.source == "gpu1: journal of vllm.service"
+    assert got.lines == 3
+    assert list(got.problem_lines) == ([line] if degraded else [])
+
+
+def test_a_host_without_a_journal_skips_the_service_log_with_the_reason(tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    _tool(tools, "systemctl", 'echo "MainPID=0"\n')
+    _tool(tools, "journalctl", 'echo "No journal files were found." >&2; exit 1\n')
+    host = InventoryHost(
+        name="gpu1",
+        vars={
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "kvops_probe_tool_dirs": [str(tools)],
+            "kvops_vllm_url": "http://127.0.0.1:9",
+        },
+    )
+    got = _HostJournal(host, SshOptions(timeout_s=60)).read()
+    assert got.error is not None and got.error.startswith("journal not read:"), got

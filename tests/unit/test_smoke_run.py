@@ -132,3 +132,20 @@ _SLEEP = asyncio.sleep
 
 async def _no_sleep(_: float) -> None:
     await _SLEEP(0)
+
+
+def test_the_service_log_keeps_only_the_lines_naming_an_lmcache_problem(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "INFO Starting vLLM API server\n"
+        "\x1b[31;20m[2026-12-04 18:40:01] LMCache ERROR:\x1b[0m Failed to initialize "
+        "LMCacheManager components: RuntimeError: No supported cpu connector found. System "
+        "will operate in degraded mode (recompute).\n"
+        "INFO Application startup complete.\n"
+    )
+    got = smoke_run.read_service_log(log)
+    assert (got.source, got.lines) == (str(log), 3)
+    assert len(got.problem_lines) == 1 and "degraded mode (recompute)" in got.problem_lines[0]
+    assert got.problem_lines[0].startswith("[2026-12-04 18:40:01] LMCache ERROR: Failed")
+    with pytest.raises(smoke_run.SmokeError, match="cannot read the service log"):
+        smoke_run.read_service_log(tmp_path / "missing.log")
