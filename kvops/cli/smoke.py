@@ -113,6 +113,12 @@ from kvops.smoke.run import SmokeError, SmokeOptions, run_smoke
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write JUnit XML: one testcase per check (as kvops validate --junit).",
 )
+@click.option(
+    "--lmcache-server-url",
+    help="offload_mp (LMCache's multiprocess server, `lmcache server`): its HTTP frontend as "
+    "seen from here, e.g. http://127.0.0.1:8080; its counters stand for LMCache's stored and "
+    "retrieved tokens (vLLM's /metrics has no lmcache:* then).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence excerpts in the table.")
 def smoke(
     url: str | None,
@@ -129,6 +135,7 @@ def smoke(
     seed: int | None,
     as_json: bool,
     junit_file: Path | None,
+    lmcache_server_url: str | None,
     verbose: bool,
 ) -> RC:
     """Send long prompts, force them out of GPU memory, re-send them, and judge the evidence.
@@ -157,7 +164,13 @@ def smoke(
     try:
         opts = _options(url, gds_dir, host_name, list(inventories), known_hosts, timeout_s)
         opts = dataclasses.replace(
-            opts, model=model, prompt_tokens=prompt_tokens, prompts=prompts, seed=seed, evict=evict
+            opts,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            prompts=prompts,
+            seed=seed,
+            evict=evict,
+            lmcache_server_url=lmcache_server_url,
         )
         evidence = run_smoke(opts, progress)
     except SmokeError as exc:

@@ -205,3 +205,27 @@ def test_the_probe_reads_the_server_only_where_settings_name_it(server_url: str)
     for item_id in ev.ITEM_IDS:
         if item_id.startswith("lmcache_server_"):
             assert "not offload_mp" in other[item_id]["error"], item_id
+
+
+def test_smoke_reads_the_servers_counters_as_lmcaches() -> None:
+    """`kvops smoke --lmcache-server-url`: L1 chunk writes x chunk size stand for stored tokens
+    (only full chunks are stored), lookup hit tokens for retrieved ones; a counter the server
+    has not published yet (it appears at its first increment) reads zero, and a server without
+    lmcache_mp_* (observability off) stands for nothing."""
+    from kvops.parse.prometheus import parse_prometheus_text
+    from kvops.smoke.judge import LMCACHE_HIT, LMCACHE_STORED
+    from kvops.smoke.run import lmcache_server_counters
+
+    after = parse_prometheus_text(
+        SERVER_METRICS
+        + 'lmcache_mp_l1_write_chunks_total{l1_tag="_default"} 6.0\n'
+        + "lmcache_mp_lookup_hit_tokens_total 1536.0\n"
+    )
+    samples = {s.name: s.value for s in lmcache_server_counters(after, 256)}
+    assert samples[LMCACHE_STORED] == 6 * 256 and samples[LMCACHE_HIT] == 1536
+    assert samples["lmcache_mp_l2_usage_bytes"] == 1.2e07
+    fresh = {
+        s.name: s.value for s in lmcache_server_counters(parse_prometheus_text(SERVER_METRICS), 256)
+    }
+    assert fresh[LMCACHE_STORED] == fresh[LMCACHE_HIT] == 0
+    assert lmcache_server_counters(parse_prometheus_text("python_info 1.0\n"), 256) == []
