@@ -220,3 +220,22 @@ def test_switching_to_offload_removes_the_server(
     )
     calls = deploy_host.doubles_log(DEPLOYED, "systemctl")
     assert any("stop" in c and "lmcache" in c for c in calls), calls
+
+
+def test_a_failure_in_the_servers_log_fails_the_start_check(
+    deploy_host: LabHosts,
+    wheel_vars: dict[str, Any],
+    mp_deployed: subprocess.CompletedProcess[str],
+) -> None:
+    line = (
+        "LMCache ERROR: No handler registered for operation register_kv_cache_engine_driven_context"
+    )
+    proc = _deploy(
+        deploy_host,
+        wheel_vars,
+        vllm_lmcache_mp_env={"KVOPS_TEST_LMCACHE_SERVER_SAYS": line},
+    )
+    assert proc.returncode != 0, explain(proc)
+    fatal = failure_messages(proc)
+    assert "lmcache (lmcache server) runs but its log shows a failure" in fatal, explain(proc)
+    assert line in fatal, fatal
