@@ -78,6 +78,8 @@ class Settings(TypedDict, total=False):
     gdsio_args: dict[str, str]  # e.g. {"size": "1G", "io_size": "1M", "threads": "8", "gpu": "0"}
     cufile_json_path: str  # path the service's libcufile reads (CUFILE_ENV_PATH_JSON or /etc)
     min_free_gib: float  # this host's GDS-directory free-space floor (beats --min-free-gib)
+    lmcache_server_service: str  # offload_mp: LMCache server's unit, e.g. "lmcache.service"
+    lmcache_server_url: str  # offload_mp: its HTTP frontend, e.g. "http://127.0.0.1:8080"
 
 
 class Evidence(TypedDict, total=False):
@@ -131,6 +133,11 @@ HTTP_HEALTH = "http_health"
 HTTP_VERSION = "http_version"
 HTTP_MODELS = "http_models"
 HTTP_METRICS = "http_metrics"
+LMCACHE_SERVER_UNIT_SHOW = "lmcache_server_unit_show"
+LMCACHE_SERVER_JOURNAL = "lmcache_server_journal"
+LMCACHE_SERVER_JOURNAL_PROBLEMS = "lmcache_server_journal_problems"
+LMCACHE_SERVER_HEALTH = "lmcache_server_health"
+LMCACHE_SERVER_METRICS = "lmcache_server_metrics"
 
 ITEM_SOURCES: dict[str, str] = {
     OS_RELEASE: "file /etc/os-release (stdout = contents).",
@@ -267,6 +274,29 @@ ITEM_SOURCES: dict[str, str] = {
     HTTP_VERSION: "http GET <vllm_url>/version (body {'version': 'x.y.z'}).",
     HTTP_MODELS: "http GET <vllm_url>/v1/models (OpenAI list; data[].id are served names).",
     HTTP_METRICS: "http GET <vllm_url>/metrics (Prometheus text; vllm:* and lmcache:*).",
+    # LMCache's multiprocess server (role vllm_lmcache, variant offload_mp); error "no LMCache
+    # server declared ..." on other hosts.
+    LMCACHE_SERVER_UNIT_SHOW: (
+        "command ['systemctl', 'show', <lmcache_server_service>, '-p', "
+        "'ActiveState,MainPID,InvocationID']. Only with settings.lmcache_server_service."
+    ),
+    LMCACHE_SERVER_JOURNAL: (
+        "command as vllm_journal for <lmcache_server_service> (the server's current run). "
+        "Only with settings.lmcache_server_service."
+    ),
+    LMCACHE_SERVER_JOURNAL_PROBLEMS: (
+        "command as vllm_journal_problems for the server, with the server's own failure texts "
+        "(a transfer-mode mismatch, a failed start, SHM falling back). Only with "
+        "settings.lmcache_server_service."
+    ),
+    LMCACHE_SERVER_HEALTH: (
+        "http GET <lmcache_server_url>/healthcheck (200 healthy). Only with "
+        "settings.lmcache_server_url."
+    ),
+    LMCACHE_SERVER_METRICS: (
+        "http GET <lmcache_server_url>/metrics (Prometheus text; lmcache_mp_*). Only with "
+        "settings.lmcache_server_url."
+    ),
 }
 
 ITEM_IDS: tuple[str, ...] = tuple(ITEM_SOURCES)

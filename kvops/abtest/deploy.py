@@ -29,8 +29,8 @@ from kvops.errors import KvopsError
 from kvops.probe.redact import SECRET_NAME, redact_text, redact_value
 
 # What an arm name means as a variant of the vllm_lmcache role (an arm may also be named after
-# the variant directly: offload_cpu_gds).
-VARIANTS = ("baseline", "offload", "offload_cpu_gds")
+# the variant directly: offload_cpu_gds, offload_mp).
+VARIANTS = ("baseline", "offload", "offload_cpu_gds", "offload_mp")
 DEPLOYED_FACT = "vllm_lmcache_deployed"
 MAX_ERROR_CHARS = 2000
 

@@ -254,7 +254,8 @@ _ROWS = [
         "GDS-073",
         "vllm",
         "/metrics exposes vLLM (and LMCache) metrics",
-        "Set the same PROMETHEUS_MULTIPROC_DIR for vLLM and LMCache.",
+        "Set the same PROMETHEUS_MULTIPROC_DIR for vLLM and LMCache; on an offload_mp host "
+        "set kvops_lmcache_server_service/_url and check the LMCache server unit.",
     ),
     (
         "GDS-080",

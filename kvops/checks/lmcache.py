@@ -9,6 +9,7 @@ from kvops import evidence as ev
 from kvops.checks.context import Context
 from kvops.checks.model import Finding, Severity, finding
 from kvops.checks.rdma_mount import mount_line
+from kvops.checks.vllm import is_lmcache_server
 from kvops.parse._common import MAX_SHOWN_CHARS, clip, clip_repr
 from kvops.parse.lmcache_config import LmcacheConfig, buffer_key_for
 
@@ -21,9 +22,17 @@ def _not_offload(ctx: Context) -> str:
     return f"role {ctx.role or 'unset'}: not an offload host"
 
 
+SERVER_MODE = (
+    "LMCache runs as its multiprocess server (LMCacheMPConnector, offload_mp): no in-process "
+    "config; the server is judged by GDS-066 and GDS-073"
+)
+
+
 def _config_or_skip(ctx: Context, check_id: str) -> LmcacheConfig | Finding:
     if ctx.role != ev.ROLE_OFFLOAD:
         return finding(check_id, Severity.SKIP, _not_offload(ctx))
+    if is_lmcache_server(ctx):
+        return finding(check_id, Severity.SKIP, SERVER_MODE)
     config = ctx.lmcache
     if config is None and check_id != "GDS-060":
         return finding(check_id, Severity.SKIP, "no LMCache config to judge (see GDS-060)")
@@ -171,6 +180,8 @@ def check_stable_hash(ctx: Context) -> list[Finding]:
 def check_prometheus_dir(ctx: Context) -> list[Finding]:
     if ctx.role != ev.ROLE_OFFLOAD:
         return [finding("GDS-063", Severity.SKIP, _not_offload(ctx))]
+    if is_lmcache_server(ctx):
+        return [finding("GDS-063", Severity.SKIP, SERVER_MODE)]
     env = ctx.service_env
     if env is None:
         return [ctx.skip("GDS-063", ev.VLLM_ENV)]
@@ -274,23 +285,52 @@ JOURNAL_PROBLEMS = (
     ("does not exist in configuration", "a kv_connector_extra_config lmcache.* key is ignored"),
     ("Failed to convert value", "a value did not convert and LMCache uses None"),
 )  # fmt: skip
+# LMCache's multiprocess server (offload_mp), 0.5.6: lmcache/v1/multiprocess/transport/zmq_impl/
+# mq.py, server.py, and uvicorn's start-up failure.
+SERVER_PROBLEMS = (
+    ("No handler registered for operation", "vLLM registers in a transfer mode the server does "
+     "not serve and never gets healthy: set --supported-transfer-mode auto"),
+    ("Application startup failed", "the LMCache server failed to start"),
+    ("Insufficient /dev/shm capacity", "the server fell back from shared memory to pickle"),
+    ("Cannot verify /dev/shm capacity", "the server fell back from shared memory to pickle"),
+)  # fmt: skip
+
+
+def _log_lines(ctx: Context, tail: str, problems: str) -> list[str] | None:
+    """A journal tail plus the problem lines of the whole run (journalctl --grep), which the
+    tail may have lost; None when the tail is missing."""
+    text = ctx.text(tail)
+    if text is None:
+        return None
+    lines = text.splitlines()
+    early = [ln for ln in (ctx.text(problems) or "").splitlines() if ln]
+    seen = set(lines)
+    return lines + [ln for ln in early if ln not in seen]
 
 
 def check_service_log(ctx: Context) -> list[Finding]:
     if ctx.role != ev.ROLE_OFFLOAD:
         return [finding("GDS-066", Severity.SKIP, _not_offload(ctx))]
-    text = ctx.text(ev.VLLM_JOURNAL)
-    if text is None:
+    lines = _log_lines(ctx, ev.VLLM_JOURNAL, ev.VLLM_JOURNAL_PROBLEMS)
+    if lines is None:
         return [ctx.skip("GDS-066", ev.VLLM_JOURNAL)]
-    lines = text.splitlines()
-    # the problem lines of the whole run (journalctl --grep), which the tail may have lost
-    early = [ln for ln in (ctx.text(ev.VLLM_JOURNAL_PROBLEMS) or "").splitlines() if ln]
-    seen = set(lines)
-    lines += [ln for ln in early if ln not in seen]
-    found, shown = journal_problems(lines)
+    logs: list[tuple[str, list[str], tuple[tuple[str, str], ...]]] = [("", lines, JOURNAL_PROBLEMS)]
+    # offload_mp: LMCache logs in its server's unit
+    server = _log_lines(ctx, ev.LMCACHE_SERVER_JOURNAL, ev.LMCACHE_SERVER_JOURNAL_PROBLEMS)
+    if server is not None:
+        logs.append(("LMCache server: ", server, JOURNAL_PROBLEMS + SERVER_PROBLEMS))
+    elif is_lmcache_server(ctx):
+        return [ctx.skip("GDS-066", ev.LMCACHE_SERVER_JOURNAL)]
+    found: list[str] = []
+    shown: list[str] = []
+    for where, log, problems in logs:
+        log_found, log_shown = journal_problems(log, problems)
+        found += [where + text for text in log_found]
+        shown += log_shown
     if found:
         return [finding("GDS-066", Severity.FAIL, "; ".join(found), "\n".join(shown))]
-    return [finding("GDS-066", Severity.PASS, f"{len(lines)} log lines, no LMCache fallback")]
+    counted = " + ".join(str(len(log)) for _, log, _ in logs)
+    return [finding("GDS-066", Severity.PASS, f"{counted} log lines, no LMCache fallback")]
 
 
 def problem_lines(lines: Iterable[str]) -> list[str]:
@@ -299,12 +339,14 @@ def problem_lines(lines: Iterable[str]) -> list[str]:
     return [ln.strip() for ln in lines if any(needle in ln for needle, _ in JOURNAL_PROBLEMS)]
 
 
-def journal_problems(lines: Sequence[str]) -> tuple[list[str], list[str]]:
+def journal_problems(
+    lines: Sequence[str], problems: tuple[tuple[str, str], ...] = JOURNAL_PROBLEMS
+) -> tuple[list[str], list[str]]:
     """What a service log says went wrong with LMCache: one "<n>x '<text>': <meaning>" per
     problem found, and up to two quoted lines of each (GDS-066 and `kvops smoke`'s GDS-208)."""
     found: list[str] = []
     shown: list[str] = []
-    for needle, meaning in JOURNAL_PROBLEMS:
+    for needle, meaning in problems:
         hits = [ln.strip() for ln in lines if needle in ln]
         if hits:
             found.append(f"{len(hits)}x '{needle}': {meaning}")

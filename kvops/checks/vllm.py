@@ -15,6 +15,9 @@ CONNECTOR = "LMCacheConnectorV1"
 # The form that loads LMCache's own connector module (works on lmcache 0.5.6 and 0.5.7:
 # https://docs.lmcache.ai, vLLM kv_connector/factory.py `LMCacheConnectorV1Dynamic`).
 DYNAMIC_CONNECTOR = "LMCacheConnectorV1Dynamic"
+# LMCache's multiprocess server (role variant offload_mp): vLLM's bundled LMCacheMPConnector or
+# LMCache's own (kv_connector_module_path lmcache.integration.vllm.lmcache_mp_connector).
+MP_CONNECTOR = "LMCacheMPConnector"
 
 
 def _is_lmcache(config: Any) -> bool:
@@ -22,7 +25,20 @@ def _is_lmcache(config: Any) -> bool:
         return False
     connector = config.get("kv_connector")
     module = str(config.get("kv_connector_module_path") or "")
-    return connector == CONNECTOR or (connector == DYNAMIC_CONNECTOR and "lmcache" in module)
+    return connector in (CONNECTOR, MP_CONNECTOR) or (
+        connector == DYNAMIC_CONNECTOR and "lmcache" in module
+    )
+
+
+def is_lmcache_server(ctx: Context) -> bool:
+    """vLLM talks to LMCache's multiprocess server (offload_mp): LMCache's config, log and
+    metrics are the server's, not vLLM's."""
+    config = ctx.kv_transfer_config
+    if isinstance(config, dict) and config.get("kv_connector") == MP_CONNECTOR:
+        return True
+    return bool(
+        ctx.settings.get("lmcache_server_service") or ctx.settings.get("lmcache_server_url")
+    )
 
 
 ROLE_REMEDY = "Set kvops_role to baseline or offload for a host that serves inference."
@@ -134,10 +150,38 @@ def check_metrics(ctx: Context) -> list[Finding]:
     shown += "present" if has_lmcache else "absent"
     if not has_vllm:
         return [finding("GDS-073", Severity.WARN, "no vllm:* metrics on /metrics", shown)]
+    if ctx.role == ev.ROLE_OFFLOAD and is_lmcache_server(ctx):
+        return [_lmcache_server_metrics(ctx, shown)]
     if ctx.role == ev.ROLE_OFFLOAD and not has_lmcache:
         msg = "offload host exposes no lmcache:* metrics"
         return [finding("GDS-073", Severity.WARN, msg, shown)]
     return [finding("GDS-073", Severity.PASS, shown)]
+
+
+MP_SETTINGS = "kvops_lmcache_server_service and kvops_lmcache_server_url"
+
+
+def _lmcache_server_metrics(ctx: Context, shown: str) -> Finding:
+    """offload_mp: LMCache publishes on its server's HTTP frontend, not on vLLM's /metrics; the
+    server must answer its health check and publish lmcache_mp_*."""
+    health = ctx.item(ev.LMCACHE_SERVER_HEALTH)
+    if health is None or not ctx.settings.get("lmcache_server_url"):
+        msg = f"vLLM uses {MP_CONNECTOR} but the LMCache server's URL is not declared"
+        return finding("GDS-073", Severity.WARN, msg, shown, remedy=f"Set {MP_SETTINGS}.")
+    if ev.item_problem(health) is not None:
+        msg = f"LMCache server not healthy: {ctx.problem(ev.LMCACHE_SERVER_HEALTH)}"
+        return finding("GDS-073", Severity.FAIL, msg, shown)
+    text = ctx.text(ev.LMCACHE_SERVER_METRICS)
+    if text is None:
+        return ctx.skip("GDS-073", ev.LMCACHE_SERVER_METRICS)
+    metrics = parse_prometheus_text(text)
+    if not metrics.has_prefix("lmcache_mp_"):
+        msg = "LMCache server healthy but its /metrics has no lmcache_mp_* (observability off?)"
+        return finding("GDS-073", Severity.WARN, msg, shown)
+    shown += f"; LMCache server {ev.source_text(health)}: HTTP {health.get('http_status')}"
+    l2 = metrics.counter_value("lmcache_mp_l2_store_adapters", state="active")
+    shown += "; lmcache_mp_* present" + (f", {l2:.0f} active L2 adapter(s)" if l2 else "")
+    return finding("GDS-073", Severity.PASS, shown)
 
 
 CHECKS = [check_healthy, check_model_served, check_kv_transfer_config, check_metrics]

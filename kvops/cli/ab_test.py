@@ -208,7 +208,7 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     default="baseline,offload",
     show_default=True,
     help="Arms of --deploy, in order (the first is the baseline): baseline, offload, "
-    "offload_cpu_gds.",
+    "offload_cpu_gds, offload_mp.",
 )
 @click.option(
     "--deploy-var",

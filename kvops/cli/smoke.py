@@ -136,6 +136,12 @@ if TYPE_CHECKING:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write JUnit XML: one testcase per check (as kvops validate --junit).",
 )
+@click.option(
+    "--lmcache-server-url",
+    help="offload_mp (LMCache's multiprocess server, `lmcache server`): its HTTP frontend as "
+    "seen from here, e.g. http://127.0.0.1:8080; its counters stand for LMCache's stored and "
+    "retrieved tokens (vLLM's /metrics has no lmcache:* then).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence excerpts in the table.")
 def smoke(
     url: str | None,
@@ -154,6 +160,7 @@ def smoke(
     seed: int | None,
     as_json: bool,
     junit_file: Path | None,
+    lmcache_server_url: str | None,
     verbose: bool,
 ) -> RC:
     """Send long prompts, force them out of GPU memory, re-send them, and judge the evidence.
@@ -191,6 +198,7 @@ def smoke(
             seed=seed,
             evict=evict,
             service_log=service_log,
+            lmcache_server_url=lmcache_server_url,
         )
         evidence = run_smoke(opts, progress)
     except SmokeError as exc:

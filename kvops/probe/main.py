@@ -13,7 +13,7 @@ import sys
 from typing import Any, Dict
 
 from .core import Probe
-from .service import collect_http, collect_service
+from .service import collect_http, collect_lmcache_server, collect_service
 from .storage import collect_gds
 from .system import collect_platform
 
@@ -38,6 +38,7 @@ def collect(config: Dict[str, Any]) -> Dict[str, Any]:
         service = collect_service(probe, settings)
         collect_gds(probe, settings, service)
         collect_http(probe, settings)
+        collect_lmcache_server(probe, settings)
     finally:
         probe.close()  # the private tool directory, whatever happened
     return doc

@@ -19,7 +19,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlparse
 
-from .core import KIND_FILE, KIND_SYSFS, Probe, read_text
+from .core import KIND_COMMAND, KIND_FILE, KIND_HTTP, KIND_SYSFS, Probe, read_text
 from .redact import redact_argv, redact_env, redact_text
 
 
@@ -438,7 +438,13 @@ LMCACHE_PROBLEM_TEXTS = (
 PROBLEM_LINES = 200
 
 
-def collect_journal(p: Probe, unit: str, invocation: str) -> None:
+def collect_journal(
+    p: Probe,
+    unit: str,
+    invocation: str,
+    names: "Tuple[str, str]" = ("vllm_journal", "vllm_journal_problems"),
+    problems: "Tuple[str, ...]" = LMCACHE_PROBLEM_TEXTS,
+) -> None:
     """The service's log of its current run (systemd's InvocationID), else of this boot: LMCache
     reports a missing compiled extension or an ignored key only there, as a warning."""
     argv = ["journalctl", "--no-pager", "-o", "cat", "-n", str(JOURNAL_LINES)]
@@ -446,14 +452,57 @@ def collect_journal(p: Probe, unit: str, invocation: str) -> None:
         argv.append("_SYSTEMD_INVOCATION_ID=%s" % invocation)
     else:
         argv += ["-b", "-u", unit]
-    item = p.command("vllm_journal", argv)
+    item = p.command(names[0], argv)
     if item.get("stdout"):
         item["stdout"] = redact_text(item["stdout"])
-    pattern = "|".join(re.escape(text) for text in LMCACHE_PROBLEM_TEXTS)
+    pattern = "|".join(re.escape(text) for text in problems)
     grep = [*argv[:4], "--grep", pattern, "-n", str(PROBLEM_LINES), *argv[6:]]
-    item = p.command("vllm_journal_problems", grep)
+    item = p.command(names[1], grep)
     if item.get("stdout"):
         item["stdout"] = redact_text(item["stdout"])
+
+
+# LMCache's multiprocess server (`lmcache server`, the vllm_lmcache role's offload_mp variant):
+# its log texts of a failure, in LMCache 0.5.6 (lmcache/v1/multiprocess/transport/zmq_impl/mq.py,
+# server.py; uvicorn's "Application startup failed"), besides the in-process ones.
+LMCACHE_SERVER_PROBLEM_TEXTS = (
+    *LMCACHE_PROBLEM_TEXTS,
+    "No handler registered for operation",
+    "Application startup failed",
+    "Insufficient /dev/shm capacity",
+    "Cannot verify /dev/shm capacity",
+)
+NOT_MP = "no LMCache server declared (settings.lmcache_server_service/_url unset: not offload_mp)"
+
+
+def collect_lmcache_server(p: Probe, settings: Dict[str, Any]) -> None:
+    """The LMCache server's log of its current run (settings.lmcache_server_service) and its
+    HTTP frontend's /healthcheck and /metrics (settings.lmcache_server_url): where an offload_mp
+    host's LMCache reports, instead of vLLM's log and /metrics."""
+    unit = settings.get("lmcache_server_service") or ""
+    if unit:
+        show = p.command(
+            "lmcache_server_unit_show",
+            ["systemctl", "show", "--no-pager", unit, "-p", "ActiveState,MainPID,InvocationID"],
+        )
+        fields = parse_show(show.get("stdout") or "") if show.get("exit_code") == 0 else {}
+        invocation = (fields.get("InvocationID") or [""])[-1]
+        names = ("lmcache_server_journal", "lmcache_server_journal_problems")
+        collect_journal(p, unit, invocation, names, LMCACHE_SERVER_PROBLEM_TEXTS)
+    else:
+        for name in (
+            "lmcache_server_unit_show",
+            "lmcache_server_journal",
+            "lmcache_server_journal_problems",
+        ):
+            p.items[name] = {"kind": KIND_COMMAND, "source": "", "error": NOT_MP, "duration_s": 0.0}
+    base = (settings.get("lmcache_server_url") or "").rstrip("/")
+    if base:
+        p.http("lmcache_server_health", base + "/healthcheck")
+        p.http("lmcache_server_metrics", base + "/metrics", limit=4 * 1024 * 1024)
+    else:
+        for name in ("lmcache_server_health", "lmcache_server_metrics"):
+            p.items[name] = {"kind": KIND_HTTP, "source": "", "error": NOT_MP, "duration_s": 0.0}
 
 
 def _url_port(url: str) -> Optional[int]:

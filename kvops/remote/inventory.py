@@ -432,6 +432,9 @@ SETTING_VARS = {  # Settings key -> host variable
     "lmcache_config_path": "kvops_lmcache_config",
     "expected_model": "kvops_expected_model",
     "cufile_json_path": "kvops_cufile_json",
+    # offload_mp (LMCache's multiprocess server): its unit and HTTP frontend
+    "lmcache_server_service": "kvops_lmcache_server_service",
+    "lmcache_server_url": "kvops_lmcache_server_url",
 }
 GDSIO_VARS = {"size": "kvops_gdsio_size", "io_size": "kvops_gdsio_io_size"}
 GDSIO_VARS.update(threads="kvops_gdsio_threads", gpu="kvops_gdsio_gpu")

@@ -36,7 +36,7 @@ from kvops.checks.lmcache import problem_lines
 from kvops.errors import KvopsError
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session, send_request
 from kvops.loadgen.client import read_text
-from kvops.parse.prometheus import PrometheusText, parse_prometheus_text
+from kvops.parse.prometheus import PrometheusText, Sample, parse_prometheus_text
 from kvops.smoke import chunk_files
 from kvops.smoke.judge import (
     COUNTERS,
@@ -96,6 +96,9 @@ class SmokeOptions:
             return self.service_log_source.read()
         return None
 
+    # offload_mp: LMCache's multiprocess server's HTTP frontend; its counters stand for LMCache's.
+    lmcache_server_url: str | None = None
+
     def chunk_source(self) -> ChunkSource | None:
         if self.chunks is not None:
             return self.chunks
@@ -109,27 +112,31 @@ def _quiet(_: str) -> None:
 class _Server:
     """Plain HTTP calls to one engine (the streaming request goes through kvops.loadgen)."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, url: str, lmcache_url: str | None = None
+    ) -> None:
         self.session = session
         self.url = url.rstrip("/")
+        self.lmcache_url = (lmcache_url or "").rstrip("/")
+        self.chunk_size: int | None = None
 
     async def call(
-        self, method: str, path: str, body: dict[str, Any] | None = None
+        self, method: str, path: str, body: dict[str, Any] | None = None, absolute: bool = False
     ) -> tuple[int, str]:
         timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
+        url = path if absolute else self.url + path
         try:
             async with self.session.request(
-                method, self.url + path, json=body, timeout=timeout, headers={"Accept": "*/*"}
+                method, url, json=body, timeout=timeout, headers={"Accept": "*/*"}
             ) as resp:
                 return resp.status, await read_text(resp)
         except aiohttp.ClientConnectorError as exc:
-            raise SmokeError(f"cannot reach {self.url}: {exc.os_error or exc}") from None
+            where = url if absolute else self.url
+            raise SmokeError(f"cannot reach {where}: {exc.os_error or exc}") from None
         except TimeoutError:
-            raise SmokeError(
-                f"{method} {self.url}{path}: no answer in {HTTP_TIMEOUT_S:g} s"
-            ) from None
+            raise SmokeError(f"{method} {url}: no answer in {HTTP_TIMEOUT_S:g} s") from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise SmokeError(f"{method} {self.url}{path} failed: {exc}") from None
+            raise SmokeError(f"{method} {url} failed: {exc}") from None
 
     async def json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         status, text = await self.call(method, path, body)
@@ -147,7 +154,60 @@ class _Server:
                 f"GET /metrics answered HTTP {status}: the smoke judges offload from the "
                 "server's Prometheus counters"
             )
-        return parse_prometheus_text(text)
+        metrics = parse_prometheus_text(text)
+        if self.lmcache_url:
+            metrics.samples.extend(await self._lmcache_server_samples())
+        return metrics
+
+    async def _lmcache_server_samples(self) -> list[Sample]:
+        """offload_mp: the LMCache server's counters, as LMCache's in-process names."""
+        if self.chunk_size is None:
+            config = await self._server_json(self.lmcache_url + "/config")
+            try:
+                self.chunk_size = int(config["mp"]["chunk_size"])
+            except (KeyError, TypeError, ValueError):
+                raise SmokeError(
+                    f"GET {self.lmcache_url}/config names no mp.chunk_size: is this an LMCache "
+                    "server's HTTP frontend?"
+                ) from None
+        status, text = await self.call("GET", self.lmcache_url + "/metrics", absolute=True)
+        if status != 200:
+            raise SmokeError(f"GET {self.lmcache_url}/metrics answered HTTP {status}")
+        return lmcache_server_counters(parse_prometheus_text(text), self.chunk_size)
+
+    async def _server_json(self, url: str) -> Any:
+        status, text = await self.call("GET", url, absolute=True)
+        if status != 200:
+            raise SmokeError(f"GET {url} answered HTTP {status}: {text.strip()[:200]}")
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            raise SmokeError(f"GET {url} did not answer JSON: {text[:200]!r}") from None
+
+
+# LMCache's multiprocess server (0.5.6) counts through OpenTelemetry
+# (lmcache/v1/mp_observability/subscribers/metrics/): chunks written to L1 (every stored chunk
+# lands there first) and prefix tokens its lookups found in L1 or L2. Prometheus names carry the
+# unit (OpenTelemetry's Prometheus exporter); without it for an exporter that drops units.
+MP_L1_WRITES = ("lmcache_mp_l1_write_chunks", "lmcache_mp_l1_write")
+MP_LOOKUP_HITS = ("lmcache_mp_lookup_hit_tokens", "lmcache_mp_lookup_hit")
+
+
+def lmcache_server_counters(metrics: PrometheusText, chunk_size: int) -> list[Sample]:
+    """The server's counters under the names the judge reads: stored tokens (L1 chunk writes x
+    chunk size: only full chunks are stored) and hit tokens; nothing for a counter not yet
+    published (it appears at its first increment), and the server's own samples alongside."""
+    own = [s for s in metrics.samples if s.name.startswith("lmcache_mp_")]
+    if not own:  # observability off: nothing to stand for LMCache's counters
+        return []
+    aliases = []
+    for names, alias, scale in (
+        (MP_L1_WRITES, LMCACHE_STORED, chunk_size),
+        (MP_LOOKUP_HITS, LMCACHE_HIT, 1),
+    ):
+        value = next((v for v in map(metrics.counter_value, names) if v is not None), None)
+        aliases.append(Sample(alias, {}, (value or 0.0) * scale))  # unpublished: still zero
+    return own + aliases
 
 
 # Names older vLLM releases used (removed in 0.11-0.12) for the same counters.
@@ -272,7 +332,7 @@ class SmokeRunner:
 
     async def run(self) -> SmokeEvidence:
         async with make_session() as session:
-            server = _Server(session, self.opts.url)
+            server = _Server(session, self.opts.url, self.opts.lmcache_server_url)
             return await self._run(session, server)
 
     async def _run(self, session: aiohttp.ClientSession, server: _Server) -> SmokeEvidence:

@@ -335,13 +335,15 @@ def launch_engine(
     seam: bool = True,
     gds_dir: Path | None = None,
     extra_env: dict[str, str] | None = None,
+    role_vars: dict[str, object] | None = None,
 ) -> Engine:
     """Start the role's `variant` as `vllm serve` in its own process group, its config files
     under `root` (etc/, home/, gds/); `wait_ready` blocks until /health is 200.
 
     `seam`: load LMCache's device-seam test double (offload variants; False shows what LMCache
     does on this host without it). `gds_dir`: another engine's gds_path (cross-process reuse).
-    `extra_env` goes over everything (negative controls)."""
+    `extra_env` goes over everything (negative controls). `role_vars`: more role variables
+    (offload_mp: its server's ports)."""
     port = _free_port()
     gds = gds_dir or root / "gds"
     role = render_role(
@@ -356,6 +358,7 @@ def launch_engine(
         vllm_lmcache_service_home=str(root / "home"),
         vllm_lmcache_gds_dir=str(gds),
         vllm_lmcache_extra_args=CPU_ARGS,
+        **(role_vars or {}),
     )
     # What the role's tasks create before the start: the config directory and its files, the
     # service home with the Prometheus multiprocess directory (emptied at each start), the GDS

