@@ -77,12 +77,6 @@ def test_installed_collection_converges_and_validates_the_lab(
     )  # fmt: skip
     assert build.returncode == 0, build.stdout + build.stderr
     (tarball,) = dist.glob("*.tar.gz")
-    install = subprocess.run(
-        [str(BIN / "ansible-galaxy"), "collection", "install", "--offline", "--no-deps",
-         "-p", str(collections), str(tarball)],
-        capture_output=True, text=True, env=base_env, timeout=300, cwd=user,
-    )  # fmt: skip
-    assert install.returncode == 0, install.stdout + install.stderr
     # the operator's own configuration, not the checkout's
     (user / "ansible.cfg").write_text(
         "[defaults]\n"
@@ -91,6 +85,13 @@ def test_installed_collection_converges_and_validates_the_lab(
         "[ssh_connection]\npipelining = True\n"
     )
     env = {**base_env, "ANSIBLE_CONFIG": str(user / "ansible.cfg"), "PYTHONPATH": str(REPO)}
+    install = subprocess.run(
+        [str(BIN / "ansible-galaxy"), "collection", "install", "--offline", "--no-deps",
+         "-p", str(collections), str(tarball)],
+        capture_output=True, text=True, env=env, timeout=300, cwd=user,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stdout + install.stderr
+    assert (collections / "ansible_collections" / "kvops" / "gds" / "MANIFEST.json").is_file()
     ghost = tmp_path / "ghost.yml"
     ghost_vars = {"ansible_host": lab.gateway_ip, "ansible_port": 1, "ansible_user": lab.user}
     ghost.write_text(
@@ -159,4 +160,7 @@ def test_installed_collection_converges_and_validates_the_lab(
         assert "refused" in finding["message"].lower(), (path, finding["message"])
     transport = json.loads(via.stdout)["transport"][GHOST]
     assert transport["status"] == "unreachable"
-    assert "Failed to connect to the host via ssh" in transport["reason"]
+    # Ansible's own words (its ssh connection plugin's), with OpenSSH's reason
+    assert (
+        f"ssh: connect to host {lab.gateway_ip} port 1: Connection refused" in transport["reason"]
+    )
