@@ -228,6 +228,11 @@ def _request(
         raise click.UsageError("give an inventory (-i INV) or a bundle (--from-evidence DIR)")
     if from_dir is not None and via != "ssh":
         raise click.UsageError("--from-evidence judges a saved bundle: drop --via")
+    if via == "ansible" and (known_hosts is not None or accept_new_host_keys):
+        raise click.UsageError(
+            "--known-hosts/--accept-new-host-keys are kvops's SSH path: with --via ansible, "
+            "Ansible's own host key settings apply (host_key_checking, ssh args)"
+        )
     thresholds = Thresholds()
     if min_free_gib is not None:
         thresholds = replace(thresholds, min_free_gib=min_free_gib)

@@ -98,3 +98,32 @@ def test_the_probe_tasks_events_become_one_outcome_per_host() -> None:
     assert watch.results["d"][:2] == (HostStatus.PROBE_FAILED, None)
     assert seen == ["a", "b", "c", "d"]
     assert "a" in watch.durations and "b" not in watch.durations
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--from-evidence", ".", "--via", "ansible"], "drop --via"),
+        (["-i", "h,", "--via", "ansible", "--accept-new-host-keys"], "Ansible's own host key"),
+        (["-i", "h,", "--via", "rsh"], "'rsh' is not one of"),
+    ],
+)
+def test_via_ansible_usage_errors(args: list[str], message: str) -> None:
+    from click.testing import CliRunner
+
+    from kvops.cli import main
+
+    result = CliRunner().invoke(main, ["validate", *args])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_forks_default_to_ansible_forks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvops.cli.validate import _env_forks
+
+    monkeypatch.setenv("ANSIBLE_FORKS", "40")
+    assert _env_forks() == 40
+    monkeypatch.setenv("ANSIBLE_FORKS", "0")
+    assert _env_forks() == 16
+    monkeypatch.delenv("ANSIBLE_FORKS")
+    assert _env_forks() == 16
