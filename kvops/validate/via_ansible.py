@@ -13,6 +13,8 @@ own message. A host the play never reported on is kept too, as "no result".
 from __future__ import annotations
 
 import json
+import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -139,6 +141,13 @@ def probe_via_ansible(
             "quiet": True,
             "timeout": int(timeout_s * max(1, -(-len(hosts) // (forks or 5)))) + 60,
         }
+        # ansible-playbook next to the running Python (the venv) first, as for ansible-inventory
+        venv_bin = Path(sys.executable).parent
+        if (venv_bin / "ansible-playbook").exists():
+            kwargs["envvars"] = {
+                **env,
+                "PATH": os.pathsep.join([str(venv_bin), os.environ.get("PATH", os.defpath)]),
+            }
         if inventories:
             kwargs["inventory"] = list(inventories)
         if forks:
