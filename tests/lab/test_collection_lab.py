@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 from lab_harness import LabHosts
-from site_lab import SITE_VARS, converge_hosts, converged, explain, recap
+from site_lab import SITE_VARS, converge_hosts, converged, explain, recap, run_site
 from test_validate_lab import VALIDATE_VARS
 
 from kvops.remote.inventory import load_inventory, probe_options, probe_settings
@@ -164,3 +164,41 @@ def test_installed_collection_converges_and_validates_the_lab(
     assert (
         f"ssh: connect to host {lab.gateway_ip} port 1: Connection refused" in transport["reason"]
     )
+
+
+def test_the_gate_stops_a_site_rollout_at_the_batch_of_a_broken_host(
+    lab: LabHosts, tmp_path: Path
+) -> None:
+    """site.yml with kvops_site_gate, one host per batch: the first host, its rpcrdma unloaded
+    by hand (rdma_client's work undone), FAILs GDS-025 in its batch; the play stops there (the
+    second host never runs), the finding is in the play's output and in the JUnit file of
+    Ansible's junit callback. Healthy again, both batches pass the gate."""
+    converged(lab)
+    first, second = converge_hosts(lab)
+    junit = tmp_path / "junit"
+    env = {
+        "PYTHONPATH": str(REPO),  # the gate judges with this checkout's kvops
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.junit",
+        "JUNIT_OUTPUT_DIR": str(junit),
+    }
+    args = ["-i", str(VALIDATE_VARS), "--tags", "kvops_gate"]
+    gate = {"kvops_site_gate": True, "kvops_site_serial": 1}
+    lab.ssh(first, ["modprobe", "-r", "rpcrdma"], sudo=True)
+    try:
+        broken = run_site(lab, *args, extra_vars=gate, env=env)
+    finally:
+        lab.ssh(first, ["modprobe", "rpcrdma"], sudo=True)
+    assert broken.returncode != 0, explain(broken)
+    counts = recap(broken)
+    assert counts[first]["failed"] == 1, explain(broken)
+    assert second not in counts, explain(broken)  # its batch never started
+    assert "validation FAILed: GDS-025" in broken.stdout, explain(broken)
+    (report,) = junit.glob("*.xml")
+    xml = report.read_text()
+    assert "GDS-025" in xml and first in xml, xml[-3000:]
+
+    healthy = run_site(lab, *args, extra_vars=gate, env=env)
+    assert healthy.returncode == 0, explain(healthy)
+    counts = recap(healthy)
+    assert counts[first]["failed"] == 0 and counts[second]["failed"] == 0, counts
+    assert healthy.stdout.count("TASK [Kvops | Gate the batch on kvops validation]") == 2
