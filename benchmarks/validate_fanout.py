@@ -9,17 +9,24 @@ compete for the same cores (real hosts run their probes on their own CPUs); the 
 CPU time is printed too, since that is the part a real fan-out shares, and the hosts' CPU per
 host (sshd, shell, `timeout`, the probe's Python and the tools it runs).
 
+With `--ansible` the same hosts are also probed the other way, in the same run and the same
+repeats: `kvops validate --via ansible` (the kvops.gds.validate playbook with the kvops_probe
+module, through ansible-runner, this checkout as the collection), and its wall time is printed
+as a ratio against the direct path at the same size. Ansible's ssh keeps no connection between
+runs (ansible-runner gives each run its own ControlPath folder).
+
 Each measured run starts like a fresh `kvops validate`: the client's per-run caches (parsed
 known_hosts, loaded private key) are cleared first. Sizes are interleaved within each repeat,
 so load from other processes drifts over all sizes alike; the load average is printed.
 
     python benchmarks/validate_fanout.py [--sizes 1,8,32] [--repeat 3] [--key-type rsa]
-                                         [--known-hosts-others 1000]
+                                         [--known-hosts-others 1000] [--ansible]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -37,7 +44,8 @@ from recorded_host_double import TOOLS_DOUBLE_DIR, build_recorded_tree  # noqa: 
 from kvops.remote import ssh  # noqa: E402
 from kvops.remote.inventory import InventoryHost, probe_options, probe_settings  # noqa: E402
 from kvops.remote.ssh import SshOptions  # noqa: E402
-from kvops.validate.collect import probe_config, probe_fleet  # noqa: E402
+from kvops.validate.collect import HostResult, probe_config, probe_fleet  # noqa: E402
+from kvops.validate.via_ansible import probe_via_ansible  # noqa: E402
 
 
 def _cpu_s() -> float:
@@ -105,6 +113,11 @@ def main() -> int:
         metavar="N",
         help="N entries of other hosts in known_hosts, like an operator's long-lived file",
     )
+    parser.add_argument(
+        "--ansible",
+        action="store_true",
+        help="also probe through Ansible (kvops validate --via ansible) and print both paths",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if not sshd_available():
@@ -150,7 +163,12 @@ def main() -> int:
                 h.name: probe_config(h, probe_settings(h), probe_options(h), args.timeout)
                 for h in hosts
             }
+            inventory = work / "inventory.yml"
+            _write_inventory(inventory, hosts, known)
+            ansible_walls: dict[int, list[float]] = {n: [] for n in sizes}
             probe_fleet(hosts[:1], configs, opts, forks=1)  # warm-up (imports, page cache)
+            if args.ansible:
+                _via_ansible(hosts[:1], configs, inventory, args.timeout)  # warm-up
             load_before = os.getloadavg()[0]
             runs: dict[int, list[tuple[float, float, float, float]]] = {n: [] for n in sizes}
             for _ in range(args.repeat):
@@ -170,6 +188,11 @@ def main() -> int:
                     others = max(0.0, all1 - all0 - cpu - busy)  # the hosts' tail is not others'
                     runs[n].append((wall, cpu, busy, others))
                     bad = [r for r in results if not r.ok]
+                    if args.ansible and not bad:
+                        t0 = time.perf_counter()
+                        results = _via_ansible(hosts[:n], configs, inventory, args.timeout)
+                        ansible_walls[n].append(time.perf_counter() - t0)
+                        bad = [r for r in results if not r.ok]
                     if bad:
                         print(f"validate_fanout: {bad[0].host}: {bad[0].status} {bad[0].reason}")
                         return 1
@@ -206,7 +229,47 @@ def main() -> int:
         "own CPUs; only client_cpu_s is shared. others_cpu_s: what other processes used on "
         "this machine during the run (approximate)."
     )
+    if args.ansible:
+        _print_ansible(rows, ansible_walls, args.repeat)
     return 0
+
+
+def _write_inventory(path: Path, hosts: list[InventoryHost], known: Path) -> None:
+    """The same hosts for Ansible, with the same strict host keys (OpenSSH reads the file)."""
+    ssh_args = f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"
+    inventory = {
+        "all": {"hosts": {h.name: {**h.vars, "ansible_ssh_common_args": ssh_args} for h in hosts}}
+    }
+    path.write_text(json.dumps(inventory))
+
+
+def _via_ansible(
+    hosts: list[InventoryHost],
+    configs: dict[str, dict[str, object]],
+    inventory: Path,
+    timeout_s: float,
+) -> list[HostResult]:
+    return probe_via_ansible(hosts, configs, [str(inventory)], len(hosts), timeout_s, root=ROOT)
+
+
+def _print_ansible(
+    rows: list[tuple[int, float, float, float, float]],
+    walls: dict[int, list[float]],
+    repeat: int,
+) -> None:
+    base = statistics.median(walls[rows[0][0]])
+    print(f"\nvia Ansible (kvops.gds.validate through ansible-runner), median of {repeat} runs")
+    print(f"{'hosts':>6} {'wall_s':>8} {'ratio_vs_1':>11} {'ratio_vs_direct':>16}")
+    for n, direct, *_ in rows:
+        wall = statistics.median(walls[n])
+        print(f"{n:>6} {wall:>8.2f} {wall / base:>11.2f} {wall / direct:>16.2f}")
+    n, direct = rows[-1][0], rows[-1][1]
+    ratio = statistics.median(walls[n]) / direct
+    verdict = "met" if ratio <= 2 else "NOT met"
+    print(
+        f"issue 26's bar: the Ansible path no slower than 2x the direct path at {n} hosts: "
+        f"{verdict} ({ratio:.2f}x)."
+    )
 
 
 if __name__ == "__main__":

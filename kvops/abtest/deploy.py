@@ -10,6 +10,12 @@ kvops.probe.redact) go to ``deploys.jsonl`` in the run directory, and from there
 arm (kvops.abtest.deploy_summary), into results.json and the reports. A failed play stops the
 run with the play's own error (exit 2); the records measured so far stay, and the reports are
 written with the failed deploy in them.
+
+Where the playbook comes from: a kvops checkout's ``playbooks/deploy.yml`` with the checkout's
+``ansible.cfg`` when kvops runs inside one; anywhere else the installed kvops.gds collection's
+``kvops.gds.deploy``, run from the working directory with the user's own Ansible configuration
+(ansible.cfg, ``ANSIBLE_*``; with no ``-i``, the inventory Ansible is configured with), as
+``ansible-playbook kvops.gds.deploy`` would be (kvops.remote.collection).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 from kvops.abtest.arms import Arm
 from kvops.errors import KvopsError
 from kvops.probe.redact import SECRET_NAME, redact_text, redact_value
+from kvops.remote.collection import playbook as collection_playbook
 
 # What an arm name means as a variant of the vllm_lmcache role (an arm may also be named after
 # the variant directly: offload_cpu_gds, offload_mp).
@@ -41,15 +48,32 @@ class DeployError(KvopsError):
 
 @dataclass(frozen=True)
 class DeploySettings:
-    project_root: Path  # holds playbooks/deploy.yml, roles/ and ansible.cfg
-    inventories: list[str]
+    # a checkout holding playbooks/deploy.yml, roles/ and ansible.cfg; None: the installed
+    # kvops.gds collection with the user's own configuration
+    project_root: Path | None
+    inventories: list[str]  # empty: Ansible's configured inventory (ANSIBLE_INVENTORY, ansible.cfg)
     limit: str
     extra_vars: dict[str, Any] = field(default_factory=dict)
     clear_gds_dir: bool = True
 
     @property
-    def playbook(self) -> Path:
-        return self.project_root / "playbooks" / "deploy.yml"
+    def playbook(self) -> str:
+        if self.project_root is None:
+            return collection_playbook("deploy")
+        return str(self.project_root / "playbooks" / "deploy.yml")
+
+    def runner_kwargs(self) -> dict[str, Any]:
+        """Where and how ansible-runner runs the playbook: from the checkout with its
+        ansible.cfg, or from the working directory with whatever Ansible finds there."""
+        kwargs: dict[str, Any] = {"playbook": self.playbook}
+        if self.inventories:
+            kwargs["inventory"] = list(self.inventories)
+        if self.project_root is None:
+            kwargs["project_dir"] = str(Path.cwd())
+        else:
+            kwargs["project_dir"] = str(self.project_root)
+            kwargs["envvars"] = {"ANSIBLE_CONFIG": str(self.project_root / "ansible.cfg")}
+        return kwargs
 
 
 def variant_of(arm_name: str) -> str:
@@ -126,14 +150,11 @@ class ArmDeployer:
             try:
                 result = ansible_runner.run(
                     private_data_dir=private,
-                    project_dir=str(cfg.project_root),
-                    playbook=str(cfg.playbook),
-                    inventory=list(cfg.inventories),
                     limit=cfg.limit,
                     extravars=extra,
-                    envvars={"ANSIBLE_CONFIG": str(cfg.project_root / "ansible.cfg")},
                     event_handler=watch,
                     quiet=True,
+                    **cfg.runner_kwargs(),
                 )
                 status, rc = str(result.status), result.rc
             except Exception as exc:  # ansible-runner raises for a missing binary or bad input
@@ -193,7 +214,7 @@ def deploy_record(settings: DeploySettings) -> dict[str, Any]:
     in an ordinary directory, so `--resume` asks for those values again (`--deploy-var`)."""
     secret = sorted(k for k in settings.extra_vars if SECRET_NAME.search(k))
     return {
-        "project_root": str(settings.project_root),
+        "project_root": None if settings.project_root is None else str(settings.project_root),
         "inventories": list(settings.inventories),
         "limit": settings.limit,
         "extra_vars": {k: v for k, v in settings.extra_vars.items() if k not in secret},
@@ -223,4 +244,5 @@ def settings_from_record(record: Mapping[str, Any], secrets: Mapping[str, Any]) 
             + ", ".join(unexpected)
         )
     fields["extra_vars"] = {**fields.get("extra_vars", {}), **dict(secrets)}
-    return DeploySettings(project_root=Path(fields.pop("project_root")), **fields)
+    root = fields.pop("project_root", None)
+    return DeploySettings(project_root=None if root is None else Path(root), **fields)

@@ -200,7 +200,11 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     "playbooks/deploy.yml (GDS directory cleared); arms are named after variants.",
 )
 @click.option(
-    "-i", "--inventory", "inventories", multiple=True, help="Ansible inventory for --deploy."
+    "-i",
+    "--inventory",
+    "inventories",
+    multiple=True,
+    help="Ansible inventory for --deploy [default: Ansible's own: ANSIBLE_INVENTORY, ansible.cfg].",
 )
 @click.option("--limit", default=None, help="The one inventory host --deploy switches.")
 @click.option(
@@ -421,11 +425,13 @@ def _deploy_settings(a: CliArgs) -> DeploySettings | None:
         if a.inventories or a.limit or a.deploy_vars:
             raise ValueError("-i/--limit/--deploy-var belong to --deploy")
         return None
-    if not a.inventories or not a.limit:
-        raise ValueError("--deploy needs the inventory (-i INV) and the host (--limit HOST)")
+    if not a.limit:
+        raise ValueError("--deploy needs the host (--limit HOST)")
+    # inside a kvops checkout: its playbooks/deploy.yml; elsewhere the installed kvops.gds
+    # collection with the user's own Ansible configuration (kvops.abtest.deploy)
     root = find_project_root()
-    if root is None or not (root / "playbooks" / "deploy.yml").is_file():
-        raise ValueError("--deploy runs playbooks/deploy.yml: run it from the kvops checkout")
+    if root is not None and not (root / "playbooks" / "deploy.yml").is_file():
+        root = None
     return DeploySettings(root, list(a.inventories), a.limit, _deploy_vars(a.deploy_vars))
 
 

@@ -9,6 +9,7 @@ Progress goes to stderr so `--json` on stdout stays machine-readable.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -65,9 +66,17 @@ key unknown or changed, timed out).
 @click.option(
     "--forks",
     type=click.IntRange(min=1),
-    default=16,
+    default=None,
+    help="Hosts probed in parallel [default: ANSIBLE_FORKS, else 16; with --via ansible, "
+    "Ansible's configured forks].",
+)
+@click.option(
+    "--via",
+    type=click.Choice(["ssh", "ansible"]),
+    default="ssh",
     show_default=True,
-    help="Hosts probed in parallel.",
+    help="Transport: kvops's own SSH fan-out, or Ansible (the kvops.gds collection's "
+    "validate playbook and probe module: Ansible's connections, become, forks).",
 )
 @click.option(
     "--timeout",
@@ -197,7 +206,8 @@ def _request(
     storage_bench: bool,
     bench_size: str | None,
     bench_io_size: str | None,
-    forks: int,
+    forks: int | None,
+    via: str,
     timeout_s: float | None,
     known_hosts: Path | None,
     accept_new_host_keys: bool,
@@ -216,6 +226,13 @@ def _request(
         raise click.UsageError("--from-evidence judges a saved bundle: drop -i/--limit")
     if from_dir is None and not inventories:
         raise click.UsageError("give an inventory (-i INV) or a bundle (--from-evidence DIR)")
+    if from_dir is not None and via != "ssh":
+        raise click.UsageError("--from-evidence judges a saved bundle: drop --via")
+    if via == "ansible" and (known_hosts is not None or accept_new_host_keys):
+        raise click.UsageError(
+            "--known-hosts/--accept-new-host-keys are kvops's SSH path: with --via ansible, "
+            "Ansible's own host key settings apply (host_key_checking, ssh args)"
+        )
     thresholds = Thresholds()
     if min_free_gib is not None:
         thresholds = replace(thresholds, min_free_gib=min_free_gib)
@@ -228,7 +245,9 @@ def _request(
         storage_bench=storage_bench,
         bench_size=bench_size,
         bench_io_size=bench_io_size,
-        forks=forks,
+        forks=forks or _env_forks(),
+        forks_given=forks,
+        via=via,
         timeout_s=timeout_s if timeout_s is not None else (600.0 if storage_bench else 120.0),
         known_hosts=known_hosts,
         accept_new_host_keys=accept_new_host_keys,
@@ -241,3 +260,9 @@ def _request(
         ontap_thresholds=OntapThresholds(min_free_percent=ontap_min_free_pct),
         save_dir=save_dir,
     )
+
+
+def _env_forks() -> int:
+    """ANSIBLE_FORKS when it is a positive number (as Ansible's own commands read it), else 16."""
+    value = os.environ.get("ANSIBLE_FORKS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else 16

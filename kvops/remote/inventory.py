@@ -284,8 +284,8 @@ def load_inventory(
 
     Raises InventoryError with Ansible's own message when the inventory cannot be parsed
     (missing path, YAML error, vault without a password) or nothing matches."""
-    if not sources:
-        raise InventoryError("no inventory given (-i INVENTORY)")
+    # no source: the inventory Ansible is configured with (ANSIBLE_INVENTORY, ansible.cfg), as
+    # for ansible-inventory itself
     for src in sources:
         if "," not in src and not Path(src).exists():
             raise InventoryError(f"inventory {src!r} does not exist")

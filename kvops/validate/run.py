@@ -44,6 +44,7 @@ class ValidateRequest:
     bench_size: str | None = None
     bench_io_size: str | None = None
     forks: int = 16
+    forks_given: int | None = None  # --forks as given: with --via ansible, None = Ansible's own
     timeout_s: float = 120.0
     known_hosts: Path | None = None
     accept_new_host_keys: bool = False
@@ -55,6 +56,9 @@ class ValidateRequest:
     ontap_ca_file: Path | None = None
     ontap_thresholds: OntapThresholds = field(default_factory=OntapThresholds)
     save_dir: Path | None = None
+    # "ssh": kvops's own SSH fan-out; "ansible": playbooks/validate.yml with the probe module
+    # (kvops.validate.via_ansible). Same probe, configs and judges.
+    via: str = "ssh"
 
 
 @dataclass
@@ -130,19 +134,57 @@ def _probe(
         accept_new_host_keys=req.accept_new_host_keys,
         timeout_s=req.timeout_s,
     )
+    if req.via == "ansible":
+        return _probe_via_ansible(req, hosts, configs, progress)
     progress(
         f"probing {len(hosts)} host(s), forks {min(req.forks, len(hosts))}, "
         f"timeout {req.timeout_s:.0f} s{', with storage bench' if req.storage_bench else ''} ..."
     )
 
+    return _fan_out(req, hosts, configs, ssh, progress)
+
+
+def _report(progress: Progress) -> Callable[[HostResult], None]:
     def report(res: HostResult) -> None:
         if res.ok:
             progress(f"  [green]probed[/]  {markup(res.host)} ({res.duration_s:.1f} s)")
         else:
             progress(f"  [bold red]{res.status}[/]  {markup(res.host)}: {markup(res.reason)}")
 
+    return report
+
+
+def _probe_via_ansible(
+    req: ValidateRequest,
+    hosts: list[InventoryHost],
+    configs: dict[str, dict[str, Any]],
+    progress: Progress,
+) -> list[HostResult]:
+    from kvops.validate.via_ansible import probe_via_ansible
+
+    progress(f"probing {len(hosts)} host(s) through Ansible (kvops.gds.validate) ...")
     try:
-        return probe_fleet(hosts, configs, ssh, forks=req.forks, on_result=report)
+        return probe_via_ansible(
+            hosts,
+            configs,
+            list(req.inventories),
+            req.forks_given,
+            req.timeout_s,
+            on_result=_report(progress),
+        )
+    except KeyboardInterrupt:
+        raise KvopsError("interrupted: no report", rc=RC.INTERRUPTED) from None
+
+
+def _fan_out(
+    req: ValidateRequest,
+    hosts: list[InventoryHost],
+    configs: dict[str, dict[str, Any]],
+    ssh: SshOptions,
+    progress: Progress,
+) -> list[HostResult]:
+    try:
+        return probe_fleet(hosts, configs, ssh, forks=req.forks, on_result=_report(progress))
     except KeyboardInterrupt:
         raise KvopsError(
             "interrupted: no report (hosts' probes end at their remote timeout)",

@@ -220,7 +220,9 @@ def test_proxy_command_known_hosts_and_ssh_extra_args() -> None:
     assert InventoryHost("h").known_hosts_file is None
 
 
-def test_bad_inventory_and_no_match_are_inventory_errors(tmp_path: Path) -> None:
+def test_bad_inventory_and_no_match_are_inventory_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(InventoryError, match="does not exist"):
         load_inventory([str(tmp_path / "missing")])
     bad = tmp_path / "bad.yml"
@@ -231,8 +233,14 @@ def test_bad_inventory_and_no_match_are_inventory_errors(tmp_path: Path) -> None
     good.write_text("all:\n  hosts:\n    a:\n")
     with pytest.raises(InventoryError, match="no hosts matched by the pattern 'zzz'"):
         load_inventory([str(good)], limit="zzz")
-    with pytest.raises(InventoryError, match="no inventory"):
+    # no source: Ansible's configured inventory, as ansible-inventory itself reads it
+    monkeypatch.delenv("ANSIBLE_INVENTORY", raising=False)
+    monkeypatch.chdir(tmp_path)  # no ./ansible.cfg naming one
+    monkeypatch.setenv("ANSIBLE_CONFIG", str(tmp_path / "none.cfg"))
+    with pytest.raises(InventoryError, match="No inventory was parsed"):
         load_inventory([])
+    monkeypatch.setenv("ANSIBLE_INVENTORY", str(good))
+    assert [h.name for h in load_inventory([])] == ["a"]
 
 
 def test_comma_host_list_and_unrendered_templates() -> None:

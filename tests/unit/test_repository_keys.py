@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import re
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.parsing.dataloader import DataLoader
-from ansible.plugins.loader import filter_loader
+from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar, trust_as_template
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,8 +98,11 @@ def test_rdma_client_uses_the_same_filter_file() -> None:
 
 
 def _render(expr: str, variables: dict[str, Any]) -> Any:
-    # The roles' own filters (normalize_fingerprint, ...), found as Ansible finds a role's plugins.
-    filter_loader.add_directory(str(ROLES / "nvidia_driver" / "filter_plugins"))
+    # The roles' own filters (kvops.gds.normalize_fingerprint, ...), found as Ansible finds them
+    # from the checkout: the checkout as the kvops.gds collection (ansible.cfg's collections_path).
+    with warnings.catch_warnings():  # the collection finder may be set up by an earlier test
+        warnings.simplefilter("ignore")
+        init_plugin_loader([str(REPO / ".collections")])
     templar = Templar(loader=DataLoader(), variables=variables)
     return templar.template(trust_as_template(expr))
 
@@ -411,8 +415,10 @@ def test_the_key_check_refuses_a_key_with_another_fingerprint(
         fingerprints = filters["openpgp_fingerprints"](key)
         local = {
             k: re.sub(
-                rf"{register}\.content \| openpgp_fingerprints(\('base64'\))?", "_fps", v
-            ).replace(f"{pin_var} | normalize_fingerprint", "_pin")
+                rf"{register}\.content \| kvops\.gds\.openpgp_fingerprints(\('base64'\))?",
+                "_fps",
+                v,
+            ).replace(f"{pin_var} | kvops.gds.normalize_fingerprint", "_pin")
             for k, v in assert_task["vars"].items()
         }
         variables: dict[str, Any] = {

@@ -1,0 +1,1 @@
+../../roles/cufile/filter_plugins/cufile_keys.py

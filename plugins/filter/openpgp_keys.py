@@ -1,0 +1,1 @@
+../../roles/nvidia_driver/filter_plugins/openpgp_keys.py

@@ -1,0 +1,1 @@
+../../../kvops/probe/__init__.py

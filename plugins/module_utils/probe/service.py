@@ -1,0 +1,1 @@
+../../../kvops/probe/service.py

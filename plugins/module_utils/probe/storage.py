@@ -1,0 +1,1 @@
+../../../kvops/probe/storage.py
