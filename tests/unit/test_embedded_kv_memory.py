@@ -52,3 +52,11 @@ def test_kv_cache_memory_bytes_sizes_the_cache_and_must_fit() -> None:
     with pytest.raises(EngineError, match="does not fit"):
         build_engine(settings=EngineSettings(kv_cache_memory_bytes=80 * gib))
 
+
+def test_the_report_names_a_fixed_kv_memory() -> None:
+    from kvops.report.abtest_files import kv_memory_note
+
+    note = kv_memory_note({"num_gpu_blocks": "2376", "block_size": "16",
+                           "kv_cache_memory_bytes": str(5 * 1024**3)})  # fmt: skip
+    assert "KV memory fixed at 5.00 GiB per GPU" in note
+    assert "fixed" not in kv_memory_note({"num_gpu_blocks": "1", "kv_cache_memory_bytes": "None"})
