@@ -14,12 +14,13 @@ With several hosts, the slowest host's reads decide (a fleet is as fast as its s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvops import evidence as ev
+from kvops.abtest.explain import StorageFacts
 from kvops.errors import KvopsError
 from kvops.parse.gdsio import GdsioResult, parse_gdsio
 from kvops.sim.profiles import StorageProfile
@@ -142,3 +143,43 @@ def storage_from_evidence(directory: Path) -> MeasuredStorage:
     except EvidenceError as exc:
         raise StorageEvidenceError(str(exc)) from None
     return storage_from_documents(documents, str(directory))
+
+
+# validate checks whose FAIL means the bytes did not take the GPU-direct path: cuFile compat
+# mode allowed, NFS not through nvidia-fs, counters still during gdsio, use_gds off, LMCache's
+# POSIX fallback in the service log
+COMPAT_CHECKS = ("GDS-032", "GDS-040", "GDS-051", "GDS-065", "GDS-066")
+HASH_CHECK = "GDS-062"  # chunk keys unstable across processes (PYTHONHASHSEED, builtin hash)
+
+
+def storage_facts(documents: Sequence[Mapping[str, Any]], source: str) -> StorageFacts:
+    """What a loaded bundle (`kvops.validate.judge.load_evidence`) says about the offload
+    path, for `kvops explain --evidence` (pure: the judges run on the documents)."""
+    from kvops.checks.context import Context
+    from kvops.checks.model import Severity, Thresholds
+    from kvops.validate.judge import judge
+
+    facts = StorageFacts(source)
+    for doc in documents:
+        host = str(doc.get("host") or "?")
+        for f in judge(doc):
+            if str(f.severity) != str(Severity.FAIL):
+                continue
+            line = f"{host} {f.check_id}: {f.message}"
+            if f.check_id in COMPAT_CHECKS:
+                facts.compat.append(line)
+            elif f.check_id == HASH_CHECK:
+                facts.unstable_hash.append(line)
+        config = Context(dict(doc), Thresholds()).lmcache
+        chunk = config.value("chunk_size") if config is not None else None
+        if chunk is not None and str(chunk).lstrip("-").isdigit():
+            facts.chunk_sizes[host] = int(chunk)
+    try:
+        measured = storage_from_documents([dict(d) for d in documents], source)
+    except StorageEvidenceError as exc:
+        facts.notes.append(str(exc))
+    else:
+        facts.read_gb_s = measured.profile.read_bandwidth_gb_s
+        facts.read_host = measured.host
+        facts.notes += measured.notes[1:]
+    return facts
