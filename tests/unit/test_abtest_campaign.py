@@ -1,0 +1,63 @@
+"""Campaigns (`kvops ab-test --sweep`): the sweep's parsing, each point's workload, and the
+crossover where offload starts to help (issue 27)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvops.abtest.campaign import (
+    CampaignError,
+    PointResult,
+    find_crossover,
+    parse_sweep,
+    point_spec,
+)
+from kvops.workload.spec import load_preset
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_crossover_is_bracketed_by_the_last_point_that_did_not_help() -> None:
+    sweep = parse_sweep("num_prefixes=5,10,15,20,30,40")
+    assert sweep.values == (5, 10, 15, 20, 30, 40)
+    found = find_crossover(sweep, [
+        PointResult(5, "a", "complete", "no significant difference"),
+        PointResult(10, "b", "complete", "helps"),  # a lucky point below a null one
+        PointResult(15, "c", "complete", "no significant difference"),
+        PointResult(20, "d", "complete", "helps"),
+        PointResult(30, "e", "complete", "helps"),
+        PointResult(40, "f", "pending"),
+    ])  # fmt: skip
+    assert (found.value, found.after) == (20, 15)
+    assert "between num_prefixes = 15 (no significant difference) and 20" in found.text
+    none = find_crossover(sweep, [PointResult(5, "a", "complete", "helps"),
+                                  PointResult(10, "b", "complete", "hurts")])  # fmt: skip
+    assert none.value is None and none.text.startswith("none in range")
+    every = find_crossover(sweep, [PointResult(5, "a", "complete", "helps")])
+    assert every.value == 5 and every.after is None and "at or below it" in every.text
+
+
+def test_a_point_is_the_workload_with_one_value_changed() -> None:
+    spec = load_preset("multi-shared-prefix")
+    sweep = parse_sweep("prefix_tokens=1000,28000")
+    one = point_spec(spec, sweep, 1000)
+    assert one.prefix_tokens == 1000 and one.num_prefixes == 20
+    assert one.name == "multi-shared-prefix@prefix_tokens=1000"
+    # the spec's own rules hold at every point: the prompt must exceed the prefix
+    with pytest.raises(CampaignError, match="prompt_tokens"):
+        point_spec(spec, parse_sweep("prefix_tokens=1000,30000"), 30000)
+    # max_concurrency needs rate mode, as in a spec file
+    with pytest.raises(CampaignError, match="rate"):
+        point_spec(spec, parse_sweep("max_concurrency=2,4"), 2)
+    rate = point_spec(spec, parse_sweep("rate=1,2.5"), 2.5)
+    assert rate.rate == 2.5
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [("batch=1,2", "PARAM=V1"), ("num_prefixes=4", "two or more"),
+     ("num_prefixes=1.5,2", "integers"), ("rate=0,2", "positive"), ("rate=a,b", "numbers")],
+)  # fmt: skip
+def test_a_bad_sweep_is_refused_with_its_reason(text: str, why: str) -> None:
+    with pytest.raises(CampaignError, match=why):
+        parse_sweep(text)
