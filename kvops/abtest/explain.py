@@ -19,27 +19,23 @@ the bundle's documents (`kvops.advise.storage_evidence.storage_facts`, no I/O);
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Protocol
 
 from kvops.abtest.result_types import ScenarioResult
 from kvops.abtest.validity import NEVER_ENGAGED, TokenSources, has_reuse
 
 
-@dataclass
-class StorageFacts:
-    """What a validate bundle says about the offload path (per host where it differs)."""
+class StorageEvidence(Protocol):
+    """What a validate bundle says about the offload path (built by
+    `kvops.advise.storage_evidence.storage_facts`; a Protocol so the two parts do not import
+    each other)."""
 
-    source: str
-    compat: list[str] = field(default_factory=list)  # "host GDS-051: message"
-    unstable_hash: list[str] = field(default_factory=list)
-    chunk_sizes: dict[str, int] = field(default_factory=dict)  # host -> LMCache chunk_size
-    read_gb_s: float | None = None  # gdsio GPU-direct read, slowest host
-    read_host: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    compat: list[str]  # "host GDS-051: message"
+    unstable_hash: list[str]
+    chunk_sizes: dict[str, int]  # host -> LMCache chunk_size
+    read_gb_s: float | None  # gdsio GPU-direct read, slowest host
+    read_host: str | None
 
 
 @dataclass
@@ -68,7 +64,7 @@ def _get(src: TokenSources | None, attr: str) -> float | None:
 
 
 def _never_engaged_reason(
-    spec_prefix_tokens: int, src: TokenSources | None, facts: StorageFacts | None
+    spec_prefix_tokens: int, src: TokenSources | None, facts: StorageEvidence | None
 ) -> str:
     if facts is not None:
         if facts.unstable_hash:
@@ -101,7 +97,7 @@ def explain_scenario(
     name: str,
     sc: ScenarioResult,
     arm_names: Sequence[str],
-    facts: StorageFacts | None = None,
+    facts: StorageEvidence | None = None,
     break_even_gb_s: float | None = None,
 ) -> list[Explanation]:
     """One cause per candidate arm of one scenario."""

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from kvops import evidence as ev
-from kvops.abtest.explain import StorageFacts
 from kvops.errors import KvopsError
 from kvops.parse.gdsio import GdsioResult, parse_gdsio
 from kvops.sim.profiles import StorageProfile
@@ -143,6 +142,23 @@ def storage_from_evidence(directory: Path) -> MeasuredStorage:
     except EvidenceError as exc:
         raise StorageEvidenceError(str(exc)) from None
     return storage_from_documents(documents, str(directory))
+
+
+@dataclass
+class StorageFacts:
+    """What a validate bundle says about the offload path, for `kvops explain`
+    (`kvops.abtest.explain.StorageEvidence`)."""
+
+    source: str
+    compat: list[str] = field(default_factory=list)  # "host GDS-051: message"
+    unstable_hash: list[str] = field(default_factory=list)
+    chunk_sizes: dict[str, int] = field(default_factory=dict)  # host -> LMCache chunk_size
+    read_gb_s: float | None = None  # gdsio GPU-direct read, slowest host
+    read_host: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
 # validate checks whose FAIL means the bytes did not take the GPU-direct path: cuFile compat

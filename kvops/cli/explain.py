@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from kvops.abtest.explain import Explanation, StorageFacts, explain_scenario
+from kvops.abtest.explain import Explanation, explain_scenario
 from kvops.abtest.result_types import ResultsFormatError, RunResults
+from kvops.advise.storage_evidence import StorageFacts
 from kvops.errors import RC, KvopsError
 from kvops.report.explain import (
     precondition_lines,

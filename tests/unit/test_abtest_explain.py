@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvops.abtest.explain import StorageFacts, explain_scenario
+from kvops.abtest.explain import explain_scenario
 from kvops.abtest.result_types import RunResults, ScenarioResult
 from kvops.abtest.validity import check_scenario
-from kvops.advise.storage_evidence import storage_facts
+from kvops.advise.storage_evidence import StorageFacts, storage_facts
 from kvops.cli import main
 from kvops.sim.costs import CostModel
 from kvops.sim.profiles import load_gpu, load_model
