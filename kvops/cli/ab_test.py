@@ -34,6 +34,7 @@ from kvops.errors import RC
 from kvops.lab.config import find_project_root
 from kvops.report.abtest_files import write_reports
 from kvops.report.abtest_table import render_table
+from kvops.report.campaign_plots import write_campaign_plots
 from kvops.report.host_text import markup
 from kvops.sim.lmcache_config import DEFAULT_GDS_BUFFER_MIB
 from kvops.workload.record import RequestRecord
@@ -311,6 +312,8 @@ def ab_test(**kw: Any) -> RC:
     if campaign is not None:
         with progress:
             done = run_campaign(req, campaign, hooks, resume=args.resume is not None)
+        plots, note = write_campaign_plots(req.out, done.campaign)
+        _link_plots(req.out, plots, note)
         return _show_campaign(done.campaign, done.interrupted, req.out, args.as_json, out, err)
     with progress:
         outcome = run_ab_test(req, hooks)
@@ -342,6 +345,15 @@ def _campaign(a: CliArgs, req: AbTestRequest) -> Campaign:
     for value in sweep.values:  # every point checked before the first is measured
         point_spec(spec, sweep, value).scaled(a.scale)
     return Campaign(sweep, spec, a.scale, req.seed)
+
+
+def _link_plots(root: Path, plots: list[Path], note: str | None) -> None:
+    """The campaign's plots (or why there are none) at the end of campaign.md."""
+    md = root / "campaign.md"
+    lines = [f"![{p.stem}]({p.relative_to(root).as_posix()})" for p in plots]
+    lines += [f"_{note}_"] if note else []
+    if md.is_file() and lines:
+        md.write_text(md.read_text() + "\n" + "\n".join(lines) + "\n")
 
 
 def _show_campaign(

@@ -3,15 +3,19 @@ crossover where offload starts to help (issue 27)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvops.abtest.campaign import (
+    Campaign,
     CampaignError,
     PointResult,
     find_crossover,
     parse_sweep,
     point_spec,
 )
+from kvops.report.campaign_plots import campaign_curves, write_campaign_plots
 from kvops.workload.spec import load_preset
 
 pytestmark = pytest.mark.unit
@@ -61,3 +65,26 @@ def test_a_point_is_the_workload_with_one_value_changed() -> None:
 def test_a_bad_sweep_is_refused_with_its_reason(text: str, why: str) -> None:
     with pytest.raises(CampaignError, match=why):
         parse_sweep(text)
+
+
+def test_the_campaign_plots_each_arms_throughput_against_ttft(tmp_path: Path) -> None:
+    fixture = Path(__file__).parent.parent / "fixtures" / "abtest"
+    point = tmp_path / "num_prefixes=20"
+    point.mkdir()
+    (point / "results.json").write_text(
+        (fixture / "results-v1-multi-shared-prefix.json").read_text()
+    )
+    sweep = parse_sweep("num_prefixes=5,20")
+    campaign = Campaign(sweep, load_preset("multi-shared-prefix"), 0.05, 1, [
+        PointResult(5, str(tmp_path / "num_prefixes=5"), "pending"),
+        PointResult(20, str(point), "complete", "no significant difference"),
+    ])  # fmt: skip
+    curves = campaign_curves(campaign)
+    assert set(curves) == {"baseline", "offload"}
+    ((tok_s, mean, p99, label),) = curves["offload"]
+    assert label == "20" and tok_s > 0 and p99 >= mean > 0
+    paths, note = write_campaign_plots(tmp_path, campaign)
+    assert note is None and [p.name for p in paths] == [
+        "throughput-vs-mean-ttft.png", "throughput-vs-p99-ttft.png",
+    ]  # fmt: skip
+    assert all(p.stat().st_size > 1000 for p in paths)
