@@ -6,7 +6,8 @@ counted in tokens): `vllm:prompt_tokens` (every prompt token of the requests sch
 `vllm:prefix_cache_hits` (served from vLLM's GPU prefix cache), `vllm:external_prefix_cache_hits`
 and `_queries` (what the KV connector - LMCache - loaded, and was asked for),
 `vllm:prompt_tokens_cached_by_source{source=...}` (cached tokens per tier), and LMCache's
-`lmcache:num_hit_tokens`, `num_stored_tokens`, `num_retrieve_requests`. A counter the server
+`lmcache:num_hit_tokens`, `num_stored_tokens`, `num_retrieve_requests` and `put_failed_count`
+(stores LMCache dropped). A counter the server
 does not expose is absent from the snapshot, never zero: "not reported" and "nothing loaded"
 are different findings.
 
@@ -30,6 +31,7 @@ COUNTERS: dict[str, str] = {
     "lmcache_requested_tokens": "lmcache:num_requested_tokens",
     "lmcache_stored_tokens": "lmcache:num_stored_tokens",
     "lmcache_retrieve_requests": "lmcache:num_retrieve_requests",
+    "lmcache_put_failed": "lmcache:put_failed_count",
 }
 BY_SOURCE = "vllm:prompt_tokens_cached_by_source"
 SOURCE_PREFIX = "cached_by_source:"  # + the source label (device, host, disk, ...)

@@ -83,6 +83,8 @@ def _never_engaged_reason(
             return f"hosts disagree on LMCache chunk_size ({facts.chunk_sizes}): keys differ"
         if facts.compat:
             return "the GDS path is not GPU-direct (" + facts.compat[0] + ")"
+    if src is not None and src.failed_stores:
+        return f"LMCache dropped {_n(src.failed_stores)} stores (lmcache:put_failed_count)"
     if src is not None and src.stored_tokens == 0:
         return "its connector stored nothing either: check gds_path and its permissions"
     if src is not None and src.stored_tokens:
@@ -181,6 +183,8 @@ def explain_scenario(
             f"computed share {_share(base_src, base_src.computed_tokens if base_src else None)} "
             f"-> {_share(src, src.computed_tokens if src else None)}"
         )
+        if src is not None and src.failed_stores:
+            loaded += f"; LMCache dropped {_n(src.failed_stores)} stores (put_failed_count)"
         if helps:
             add("helps", f"offload helps: {loaded}; {computed}; throughput {change}")
         elif facts is None:

@@ -78,6 +78,7 @@ class TokenSources:
     computed_tokens: float | None  # the rest: prefilled on the GPU
     stored_tokens: float | None  # lmcache:num_stored_tokens
     by_source: dict[str, float] = field(default_factory=dict)  # cached tokens per source
+    failed_stores: float | None = None  # lmcache:put_failed_count (stores dropped)
 
     @classmethod
     def of(cls, counters: Mapping[str, float]) -> TokenSources:
@@ -90,7 +91,10 @@ class TokenSources:
         by_source = {
             k[len(SOURCE_PREFIX) :]: v for k, v in counters.items() if k.startswith(SOURCE_PREFIX)
         }
-        return cls(looked, gpu, off, computed, counters.get("lmcache_stored_tokens"), by_source)
+        return cls(
+            looked, gpu, off, computed, counters.get("lmcache_stored_tokens"), by_source,
+            counters.get("lmcache_put_failed"),
+        )  # fmt: skip
 
     def share(self, part: float | None) -> float | None:
         if part is None or not self.looked_up_tokens:

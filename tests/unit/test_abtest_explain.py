@@ -85,6 +85,11 @@ def test_never_engaged_names_the_evidence_behind_it() -> None:
     assert "chunk_size 2048 on gpu1 exceeds the 1400-token prefixes" in chunk.line
     (nothing,) = explain_scenario("multi-shared-prefix", scenario(0.0, stored=0.0), ARMS)
     assert "stored nothing either" in nothing.line
+    dropped = scenario(0.0, stored=0.0)
+    assert dropped.checks is not None
+    dropped.checks.token_sources["offload"].failed_stores = 12.0
+    (drop,) = explain_scenario("multi-shared-prefix", dropped, ARMS)
+    assert "LMCache dropped 12 stores (lmcache:put_failed_count)" in drop.line
 
 
 def test_compat_mode_in_the_bundle_is_found() -> None:
