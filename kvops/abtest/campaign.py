@@ -163,6 +163,31 @@ def find_crossover(sweep: Sweep, points: list[PointResult]) -> Crossover:
     )  # fmt: skip
 
 
+def capacity_crossing(sweep: Sweep, points: list[PointResult]) -> str | None:
+    """Where the workload's working set outgrows the GPU KV capacity over the sweep (the
+    preconditions' figures), to read beside the crossover: offload can only pay beyond it."""
+    known = sorted(
+        (p for p in points if p.working_set_tokens is not None and p.gpu_kv_capacity_tokens),
+        key=lambda p: p.value,
+    )
+    over = [p for p in known if (p.working_set_tokens or 0) > (p.gpu_kv_capacity_tokens or 0)]
+    if not known:
+        return None
+    if not over:
+        return f"the working set fits the GPU KV capacity at every measured {sweep.param}"
+    first = over[0]
+    below = [p for p in known if p.value < first.value]
+    where = (
+        f"between {sweep.param} = {sweep.label(below[-1].value)} and {sweep.label(first.value)}"
+        if below
+        else f"at {sweep.param} = {sweep.label(first.value)} already"
+    )
+    return (
+        f"the working set outgrows the GPU KV capacity {where} ({first.working_set_tokens:,} > "
+        f"{first.gpu_kv_capacity_tokens:,} tokens)"
+    )
+
+
 @dataclass
 class Campaign:
     """campaign.json: what the campaign sweeps, and (after each point) what it found."""
@@ -173,6 +198,7 @@ class Campaign:
     seed: int | None
     points: list[PointResult] = field(default_factory=list)
     crossover: Crossover | None = None
+    capacity: str | None = None  # capacity_crossing's sentence
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -183,6 +209,7 @@ class Campaign:
             "seed": self.seed,
             "points": [dataclasses.asdict(p) for p in self.points],
             "crossover": dataclasses.asdict(self.crossover) if self.crossover else None,
+            "gpu_capacity": self.capacity,
         }
 
     @classmethod
@@ -233,6 +260,8 @@ def campaign_markdown(c: Campaign) -> str:
         out.append(f"| {c.sweep.label(p.value)} | {verdict} | {delta} | {ci} | {fit} | {link} |")
     if c.crossover is not None:
         out += ["", f"**Crossover**: {c.crossover.text}."]
+    if c.capacity:
+        out += ["", f"**GPU memory**: {c.capacity}."]
     return "\n".join(out) + "\n"
 
 
@@ -281,6 +310,7 @@ def run_campaign(
         interrupted = outcome.interrupted
     campaign.points = points
     campaign.crossover = find_crossover(campaign.sweep, points)
+    campaign.capacity = capacity_crossing(campaign.sweep, points)
     campaign.save(root)
     (root / "campaign.md").write_text(campaign_markdown(campaign))
     return CampaignOutcome(campaign, interrupted)

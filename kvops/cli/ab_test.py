@@ -379,6 +379,8 @@ def _show_campaign(
     shown.print(table)
     if c.crossover is not None:
         shown.print(f"[bold]crossover:[/] {markup(c.crossover.text)}")
+    if c.capacity:
+        shown.print(f"[bold]GPU memory:[/] {markup(c.capacity)}")
     err.print(
         f"[dim]campaign directory: {markup(root)} (campaign.json, campaign.md, a run per point)[/]"
     )

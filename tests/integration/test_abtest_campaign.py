@@ -63,6 +63,9 @@ def test_a_campaign_killed_midway_resumes_without_measuring_a_point_twice(tmp_pa
     # one shared prefix fits in GPU memory; twenty of them do not
     assert doc["points"][0]["verdict_note"] == "fits in GPU memory: offload cannot help here"
     assert doc["points"][1]["working_set_tokens"] > doc["points"][1]["gpu_kv_capacity_tokens"]
+    assert doc["gpu_capacity"].startswith(
+        "the working set outgrows the GPU KV capacity between num_prefixes = 1 and 20"
+    )
     md = (out / "campaign.md").read_text()
     assert "Crossover" in md and "plots/throughput-vs-p99-ttft.png" in md
     assert (out / "plots" / "throughput-vs-mean-ttft.png").stat().st_size > 1000

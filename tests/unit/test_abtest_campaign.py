@@ -11,6 +11,7 @@ from kvops.abtest.campaign import (
     Campaign,
     CampaignError,
     PointResult,
+    capacity_crossing,
     find_crossover,
     parse_sweep,
     point_spec,
@@ -88,3 +89,22 @@ def test_the_campaign_plots_each_arms_throughput_against_ttft(tmp_path: Path) ->
         "throughput-vs-mean-ttft.png", "throughput-vs-p99-ttft.png",
     ]  # fmt: skip
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_where_the_working_set_outgrows_the_gpu_is_said_beside_the_crossover() -> None:
+    sweep = parse_sweep("num_prefixes=1,5,20")
+    pts = [
+        PointResult(1, "a", "complete", "no significant difference", working_set_tokens=5_000,
+                    gpu_kv_capacity_tokens=19_008),
+        PointResult(5, "b", "complete", "no significant difference", working_set_tokens=15_000,
+                    gpu_kv_capacity_tokens=19_008),
+        PointResult(20, "c", "complete", "helps", working_set_tokens=32_120,
+                    gpu_kv_capacity_tokens=19_008),
+    ]  # fmt: skip
+    text = capacity_crossing(sweep, pts)
+    assert text == (
+        "the working set outgrows the GPU KV capacity between num_prefixes = 5 and 20 "
+        "(32,120 > 19,008 tokens)"
+    )
+    assert "fits the GPU KV capacity at every" in str(capacity_crossing(sweep, pts[:2]))
+    assert capacity_crossing(sweep, [PointResult(1, "a", "pending")]) is None
