@@ -283,6 +283,8 @@ def run_campaign(
     if not resume:
         if is_campaign(root) and not req.overwrite:
             raise CampaignError(f"{root} holds a campaign: --resume {root} or --overwrite")
+        if root.is_dir() and any(root.iterdir()) and not req.overwrite:
+            raise CampaignError(f"{root} is not empty: choose another --out or --overwrite")
         if req.overwrite and root.exists():
             shutil.rmtree(root)
         if campaign.seed is None:

@@ -108,3 +108,15 @@ def test_where_the_working_set_outgrows_the_gpu_is_said_beside_the_crossover() -
     )
     assert "fits the GPU KV capacity at every" in str(capacity_crossing(sweep, pts[:2]))
     assert capacity_crossing(sweep, [PointResult(1, "a", "pending")]) is None
+
+
+def test_a_campaign_never_lands_in_a_used_directory(tmp_path: Path) -> None:
+    from kvops.abtest.campaign import run_campaign
+    from kvops.abtest.experiment import Hooks
+    from kvops.abtest.session import AbTestRequest
+
+    (tmp_path / "run.json").write_text("{}")  # an earlier ab-test run
+    campaign = Campaign(parse_sweep("num_prefixes=1,2"), load_preset("multi-shared-prefix"), 0.1, 1)
+    with pytest.raises(CampaignError, match="not empty"):
+        run_campaign(AbTestRequest(out=tmp_path), campaign, Hooks())
+    assert not (tmp_path / "campaign.json").exists()
