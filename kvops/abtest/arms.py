@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from kvops.abtest.engine_counters import Counters, read_counters
 from kvops.errors import KvopsError
 from kvops.loadgen.client import read_text
 from kvops.parse.prometheus import parse_prometheus_text
@@ -51,6 +52,9 @@ class ArmInfo:
     max_model_len: int | None = None
     cache_config: dict[str, str] = field(default_factory=dict)
     has_metrics: bool = False
+    # the KV connector the arm's /metrics shows: cache_config_info's kv_connector label (kvops
+    # sim), "lmcache" when LMCache's own metrics are exposed; None when it shows none
+    connector: str | None = None
     has_reset: bool | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -135,6 +139,11 @@ def _read_metrics(info: ArmInfo, body: str) -> None:
     info.has_metrics = True
     for sample in parsed.find("vllm:cache_config_info"):
         info.cache_config.update(sample.labels)
+    label = info.cache_config.get("kv_connector", "")
+    if label and label.lower() not in ("none", "null"):
+        info.connector = label
+    elif parsed.has_prefix("lmcache:"):
+        info.connector = "lmcache"
 
 
 def arm_differences(infos: list[ArmInfo]) -> list[str]:
@@ -186,6 +195,18 @@ async def reset_prefix_cache(session: aiohttp.ClientSession, info: ArmInfo) -> b
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
     return False
+
+
+async def fetch_counters(session: aiohttp.ClientSession, info: ArmInfo) -> Counters | None:
+    """The arm's token counters now (`kvops.abtest.engine_counters`), or None when it has no
+    readable /metrics."""
+    if not info.has_metrics:
+        return None
+    try:
+        status, body = await _get(session, info.url + "/metrics")
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return None
+    return read_counters(body) if status == 200 else None
 
 
 EMISSION_LAG = "kvops:sim_emission_lag_seconds"

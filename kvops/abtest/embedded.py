@@ -25,6 +25,7 @@ from pathlib import Path
 from kvops.abtest.arms import Arm
 from kvops.errors import KvopsError
 from kvops.sim.lmcache_config import DEFAULT_GDS_BUFFER_MIB, gds_offload_keys
+from kvops.sim.model import shared_kv_memory_bytes
 
 OFFLOAD_CONFIG = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
 
@@ -40,6 +41,13 @@ class SimProfile:
     # front of GDS (GB; 0 = none, as LMCache's GDS docs configure it)
     gds_buffer_mib: int = DEFAULT_GDS_BUFFER_MIB
     cpu_tier_gb: float = 0.0
+
+    def kv_cache_memory_bytes(self) -> int:
+        """The GPU KV memory both embedded engines get (`--kv-cache-memory-bytes`; see
+        `kvops.sim.model.shared_kv_memory_bytes`). Without it the offload engine had fewer KV
+        blocks than the baseline (its GDS buffer) and its smaller batches read as an offload
+        effect (`make demo`: unique one-shot mean ITL "helps" -12%, nothing loaded)."""
+        return shared_kv_memory_bytes(self.model, self.gpu, self.gds_buffer_mib)
 
     def offload_lmcache(self) -> dict[str, object]:
         """The offload engine's LMCache keys besides gds_path (written to its
@@ -79,6 +87,9 @@ class EmbeddedEngines:
             "--time-scale", f"{p.time_scale:g}", "--kv-capacity-scale",
             f"{self.kv_capacity_scale:g}", "--seed", str(p.seed),
         ]  # fmt: skip
+        kv_bytes = p.kv_cache_memory_bytes()
+        if kv_bytes > 0:  # 0: the weights leave no room; the engine says so itself
+            cmd += ["--kv-cache-memory-bytes", str(kv_bytes)]
         if offload:
             cmd += ["--kv-transfer-config", OFFLOAD_CONFIG]
         return cmd

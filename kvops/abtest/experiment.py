@@ -27,8 +27,10 @@ from kvops.abtest.arms import (
     arm_differences,
     emission_lag,
     fetch_arm_info,
+    fetch_counters,
     reset_prefix_cache,
 )
+from kvops.abtest.engine_counters import Counters, counter_delta
 from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.result_types import RunResults
 from kvops.abtest.rundir import RunDir
@@ -272,6 +274,7 @@ class Experiment:
         lag_before = await emission_lag(session, info)
 
         seen: list[RequestRecord] = []
+        counters_before: Counters | None = None
 
         def on_record(rec: RequestRecord) -> None:
             records.write_record(rec)
@@ -308,6 +311,9 @@ class Experiment:
                     await pool.start()
                 for iteration, planned in enumerate(plans):
                     warm = iteration < opts.warmup_iterations
+                    if iteration == opts.warmup_iterations:
+                        # the engine's token counters over the measured iterations only
+                        counters_before = await fetch_counters(session, info)
                     labels = Labels(arm.name, spec.name, trial, attempt, warm)
                     await self._iteration(spec, trial, iteration, planned, labels, runner, pool)
                     self._check_warm_tier(spec, arm, seen)
@@ -325,6 +331,9 @@ class Experiment:
             "status": "done", "scenario": spec.name, "trial": trial, "arm": arm.name,
             "attempt": attempt, "client": summary,
         }  # fmt: skip
+        counters_after = await fetch_counters(session, info)
+        if counters_before is not None and counters_after is not None:
+            seg["engine_counters"] = counter_delta(counters_before, counters_after)
         lag_after = await emission_lag(session, info)
         if lag_before is not None and lag_after is not None:
             # how late the simulated engine sent its tokens against the model's schedule

@@ -163,14 +163,21 @@ def _as_client_record(
 
 def embedded_arms(kv_capacity_scale: float, profile: SimProfile | None = None) -> list[EmbeddedArm]:
     """The two engines `EmbeddedEngines` starts for `profile`, as model settings."""
-    keys = (profile or SimProfile()).offload_lmcache()
-    offload_lmcache = LMCacheSettings(**keys, gds_path="(virtual)")  # type: ignore[arg-type]
+    profile = profile or SimProfile()
+    offload_lmcache = LMCacheSettings(**profile.offload_lmcache(), gds_path="(virtual)")  # type: ignore[arg-type]
+    kv = profile.kv_cache_memory_bytes()
     return [
-        EmbeddedArm("baseline", EngineSettings(kv_capacity_scale=kv_capacity_scale)),
+        EmbeddedArm(
+            "baseline",
+            EngineSettings(kv_capacity_scale=kv_capacity_scale, kv_cache_memory_bytes=kv),
+        ),
         EmbeddedArm(
             "offload",
             EngineSettings(
-                kv_capacity_scale=kv_capacity_scale, offload=True, lmcache=offload_lmcache
+                kv_capacity_scale=kv_capacity_scale,
+                kv_cache_memory_bytes=kv,
+                offload=True,
+                lmcache=offload_lmcache,
             ),
         ),
     ]

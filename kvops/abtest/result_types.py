@@ -21,7 +21,7 @@ Schema (versioned; additions only within a version):
   scenarios: {<preset or custom>: {
       workload: {spec},
       verdict: helps | hurts | no significant difference | not enough data | not enough trials
-               | invalid: N errors                                                (first candidate)
+               | invalid: N errors | offload never engaged                        (first candidate)
       arms: {<arm>: {metrics: {completed, errors, duration_s, total_input_tokens,
                                total_output_tokens, request_throughput_req_s,
                                output_throughput_tok_s, total_token_throughput_tok_s,
@@ -33,7 +33,12 @@ Schema (versioned; additions only within a version):
       comparisons: [{metric, baseline_arm, candidate_arm, baseline, candidate (values),
                      delta_pct, ci95_low_pct, ci95_high_pct, verdict (as the scenario's, or
                      "too few requests (N per trial; <pXX metric> needs M)"), higher_is_better,
-                     resample_unit ("paired trials (N)")}]}}
+                     resample_unit ("paired trials (N)"), [caveat (beside the verdict)]}],
+      [checks: {preconditions: [{check, arm, status, message}],       (kvops.abtest.validity)
+                token_sources: {<arm>: {looked_up_tokens, gpu_cache_tokens, offload_tokens,
+                                computed_tokens, stored_tokens, by_source}},
+                verdict ("offload never engaged" | null), verdict_note, caveats,
+                working_set_tokens, gpu_kv_capacity_tokens}]}}
   client: {dispatch_lag_mean_ms, dispatch_lag_p99_ms, dispatch_lag_max_ms, loop_lag_mean_ms,
            loop_lag_p99_ms, max_in_flight, workers, ttft_error_share, bottleneck,
            bottleneck_reason}
@@ -58,6 +63,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvops.abtest.validity import ScenarioChecks
 from kvops.errors import KvopsError
 from kvops.workload.spec import WorkloadSpec, WorkloadSpecError, spec_from_dict
 
@@ -168,13 +174,16 @@ class Comparison:
     verdict: str
     higher_is_better: bool
     resample_unit: str
+    # what the scenario's preconditions say beside this verdict (kvops.abtest.validity), e.g.
+    # a KV-capacity difference between the arms; absent from the document when None
+    caveat: str | None = None
 
     def to_json(self) -> Json:
-        return _fields(self)
+        return _fields(self, skip=() if self.caveat else ("caveat",))
 
     @classmethod
     def from_json(cls, d: Any, where: str = "comparison") -> Comparison:
-        return cls(**_exact(d, _names(cls), where))
+        return cls(**_exact(d, _names(cls, skip=("caveat",)), where, optional=("caveat",)))
 
 
 @dataclass
@@ -278,6 +287,8 @@ class ScenarioResult:
     verdict: str  # the first candidate's verdict on the primary metric
     arms: dict[str, MeasuredArm]
     comparisons: list[Comparison]
+    # the preconditions of the verdict and each arm's token sources (absent in older documents)
+    checks: ScenarioChecks | None = None
 
     def comparison(self, metric: str, candidate_arm: str | None) -> Comparison | None:
         return next(
@@ -291,11 +302,12 @@ class ScenarioResult:
             "verdict": self.verdict,
             "arms": {name: arm.to_json() for name, arm in self.arms.items()},
             "comparisons": [c.to_json() for c in self.comparisons],
+            **({"checks": self.checks.to_json()} if self.checks is not None else {}),
         }
 
     @classmethod
     def from_json(cls, d: Any, where: str) -> ScenarioResult:
-        d = _exact(d, _names(cls), where)
+        d = _exact(d, _names(cls, skip=("checks",)), where, optional=("checks",))
         try:
             workload = spec_from_dict(d["workload"], f"{where}.workload")
         except WorkloadSpecError as exc:
@@ -305,6 +317,7 @@ class ScenarioResult:
             d["verdict"],
             {a: MeasuredArm.from_json(b, f"{where}.arms.{a}") for a, b in d["arms"].items()},
             [Comparison.from_json(c, f"{where}.comparisons") for c in d["comparisons"]],
+            ScenarioChecks.from_json(d["checks"]) if d.get("checks") is not None else None,
         )
 
 

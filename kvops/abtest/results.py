@@ -17,6 +17,7 @@ import numpy as np
 
 from kvops import __version__
 from kvops.abtest.deploy_summary import failed_deploy_detail, summarize_deploys
+from kvops.abtest.engine_counters import Counters, add_counters
 from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.metrics import (
     broken_arm_errors,
@@ -37,6 +38,7 @@ from kvops.abtest.result_types import (
     ScenarioResult,
 )
 from kvops.abtest.rundir import RunDir
+from kvops.abtest.validity import check_scenario
 from kvops.loadgen.runner import ClientStats, judge_client
 from kvops.workload.record import RequestRecord, iter_jsonl, read_records
 
@@ -152,6 +154,22 @@ def engine_lags(
     return {k: 1e3 * v[0] / v[1] for k, v in sums.items() if v[1] > 0}
 
 
+def engine_counters(
+    run_dir: RunDir, done: dict[tuple[str, int, str], str]
+) -> dict[tuple[str, str], Counters]:
+    """(scenario, arm) -> the engine's token counters summed over the counted segments'
+    measured iterations (absent for an arm whose /metrics gave none)."""
+    out: dict[tuple[str, str], Counters] = {}
+    for d in iter_jsonl(run_dir.segments_path):
+        counters = d.get("engine_counters")
+        key = (str(d.get("scenario")), int(d.get("trial") or 0), str(d.get("arm")))
+        if not isinstance(counters, dict) or done.get(key) != d.get("attempt"):
+            continue
+        pair = (key[0], key[2])
+        out[pair] = add_counters(out.get(pair, {}), counters)
+    return out
+
+
 def _lag_warnings(scenarios: dict[str, ScenarioResult]) -> list[str]:
     out = []
     for name, sc in scenarios.items():
@@ -203,6 +221,7 @@ def build_results(
     measured: dict[str, dict[str, list[RequestRecord]]] = {}
     scenarios: dict[str, ScenarioResult] = {}
     lags = engine_lags(run_dir, done)
+    counters = engine_counters(run_dir, done)
     for spec in specs:
         by_arm = {
             a: [r for r in records if r.scenario == spec.name and r.arm == a] for a in arm_names
@@ -226,7 +245,19 @@ def build_results(
             for c in comparisons
             if c.candidate_arm == (arm_names[1] if len(arm_names) > 1 else "")
         ]
-        scenarios[spec.name] = ScenarioResult(spec, overall_verdict(first), blocks, comparisons)
+        checks = check_scenario(
+            spec,
+            arm_names,
+            {str(i.get("name")): i for i in latest_infos},
+            {a: counters.get((spec.name, a), {}) for a in arm_names},
+            {a: blocks[a].metrics.cached_token_share for a in arm_names},
+        )
+        for c in comparisons:
+            c.caveat = checks.caveats.get(c.candidate_arm, {}).get(c.metric)
+        verdict = checks.verdict or overall_verdict(first)
+        if overall_verdict(first).startswith("invalid"):
+            verdict = overall_verdict(first)  # a broken arm voids everything, checks included
+        scenarios[spec.name] = ScenarioResult(spec, verdict, blocks, comparisons, checks)
     warnings = list(warnings or [])
     for spec in specs:
         scenario_records = [r for r in records if r.scenario == spec.name]

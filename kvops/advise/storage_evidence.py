@@ -14,7 +14,7 @@ With several hosts, the slowest host's reads decide (a fleet is as fast as its s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,3 +142,60 @@ def storage_from_evidence(directory: Path) -> MeasuredStorage:
     except EvidenceError as exc:
         raise StorageEvidenceError(str(exc)) from None
     return storage_from_documents(documents, str(directory))
+
+
+@dataclass
+class StorageFacts:
+    """What a validate bundle says about the offload path, for `kvops explain`
+    (`kvops.abtest.explain.StorageEvidence`)."""
+
+    source: str
+    compat: list[str] = field(default_factory=list)  # "host GDS-051: message"
+    unstable_hash: list[str] = field(default_factory=list)
+    chunk_sizes: dict[str, int] = field(default_factory=dict)  # host -> LMCache chunk_size
+    read_gb_s: float | None = None  # gdsio GPU-direct read, slowest host
+    read_host: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+# validate checks whose FAIL means the bytes did not take the GPU-direct path: cuFile compat
+# mode allowed, NFS not through nvidia-fs, counters still during gdsio, use_gds off, LMCache's
+# POSIX fallback in the service log
+COMPAT_CHECKS = ("GDS-032", "GDS-040", "GDS-051", "GDS-065", "GDS-066")
+HASH_CHECK = "GDS-062"  # chunk keys unstable across processes (PYTHONHASHSEED, builtin hash)
+
+
+def storage_facts(documents: Sequence[Mapping[str, Any]], source: str) -> StorageFacts:
+    """What a loaded bundle (`kvops.validate.judge.load_evidence`) says about the offload
+    path, for `kvops explain --evidence` (pure: the judges run on the documents)."""
+    from kvops.checks.context import Context
+    from kvops.checks.model import Severity, Thresholds
+    from kvops.validate.judge import judge
+
+    facts = StorageFacts(source)
+    for doc in documents:
+        host = str(doc.get("host") or "?")
+        for f in judge(doc):
+            if str(f.severity) != str(Severity.FAIL):
+                continue
+            line = f"{host} {f.check_id}: {f.message}"
+            if f.check_id in COMPAT_CHECKS:
+                facts.compat.append(line)
+            elif f.check_id == HASH_CHECK:
+                facts.unstable_hash.append(line)
+        config = Context(dict(doc), Thresholds()).lmcache
+        chunk = config.value("chunk_size") if config is not None else None
+        if chunk is not None and str(chunk).lstrip("-").isdigit():
+            facts.chunk_sizes[host] = int(chunk)
+    try:
+        measured = storage_from_documents([dict(d) for d in documents], source)
+    except StorageEvidenceError as exc:
+        facts.notes.append(str(exc))
+    else:
+        facts.read_gb_s = measured.profile.read_bandwidth_gb_s
+        facts.read_host = measured.host
+        facts.notes += measured.notes[1:]
+    return facts

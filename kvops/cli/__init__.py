@@ -63,3 +63,7 @@ main.add_command(advise)
 from kvops.cli.gds import gds  # noqa: E402
 
 main.add_command(gds)
+
+from kvops.cli.explain import explain  # noqa: E402
+
+main.add_command(explain)

@@ -14,8 +14,16 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from kvops.abtest.arms import Arm, parse_arm
+from kvops.abtest.campaign import (
+    Campaign,
+    is_campaign,
+    parse_sweep,
+    point_spec,
+    run_campaign,
+)
 from kvops.abtest.deploy import DeploySettings, deploy_arms
 from kvops.abtest.embedded import SimProfile
 from kvops.abtest.experiment import Hooks, Options
@@ -26,6 +34,7 @@ from kvops.errors import RC
 from kvops.lab.config import find_project_root
 from kvops.report.abtest_files import write_reports
 from kvops.report.abtest_table import render_table
+from kvops.report.campaign_plots import write_campaign_plots
 from kvops.report.host_text import markup
 from kvops.sim.lmcache_config import DEFAULT_GDS_BUFFER_MIB
 from kvops.workload.record import RequestRecord
@@ -223,6 +232,15 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     "one (token, key, password) is not kept in run.json: give it again with --resume. Better: "
     "keep secrets in the inventory, vaulted.",
 )
+@click.option(
+    "--sweep",
+    default=None,
+    metavar="PARAM=V1,V2,...",
+    help="A campaign: one ABBA A/B per value of PARAM (rate, max_concurrency, num_prefixes, "
+    "prefix_tokens, output_tokens; lengths before --scale), each a sub-run of --out, then "
+    "the crossover where offload starts to help (campaign.json, campaign.md). --resume DIR "
+    "continues it point by point.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print results.json to stdout.")
 @click.option("--sim-gpu", default="h100-sxm-80gb", show_default=True)
 @click.option("--sim-model", default="llama-3.1-8b", show_default=True)
@@ -240,8 +258,9 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     type=click.IntRange(0),
     default=DEFAULT_GDS_BUFFER_MIB,
     show_default=True,
-    help="Embedded offload engine: LMCache gds_buffer_size, MiB of GPU memory taken from its "
-    "KV cache (shown in the report beside each arm's KV blocks).",
+    help="Embedded offload engine: LMCache gds_buffer_size, MiB of GPU memory. Both engines "
+    "get the same KV memory, what the default utilisation leaves once the buffer is on the GPU "
+    "(as the vllm_lmcache role gives every variant the same KV memory).",
 )
 @click.option(
     "--sim-cpu-tier-gb",
@@ -263,8 +282,14 @@ def ab_test(**kw: Any) -> RC:
     err = Console(stderr=True)
     out = Console(width=None if sys.stdout.isatty() else 120)
     args = CliArgs(**kw)
+    campaign: Campaign | None = None
     try:
-        req = _request(args)
+        if args.resume is not None and is_campaign(args.resume):
+            campaign = Campaign.load(args.resume)
+            req = AbTestRequest(out=args.resume)
+        else:
+            req = _request(args)
+            campaign = _campaign(args, req) if args.sweep else None
     except ValueError as exc:  # a bad --arm, --slo or workload spec (WorkloadSpecError)
         raise click.UsageError(str(exc)) from None
     progress = Progress(
@@ -288,6 +313,12 @@ def ab_test(**kw: Any) -> RC:
         warn=lambda text: progress.console.print(f"[bold yellow]warning:[/] {markup(text)}"),
         write_reports=write_reports,
     )
+    if campaign is not None:
+        with progress:
+            done = run_campaign(req, campaign, hooks, resume=args.resume is not None)
+        plots, note = write_campaign_plots(req.out, done.campaign)
+        _link_plots(req.out, plots, note)
+        return _show_campaign(done.campaign, done.interrupted, req.out, args.as_json, out, err)
     with progress:
         outcome = run_ab_test(req, hooks)
     results = outcome.results.doc
@@ -303,6 +334,64 @@ def ab_test(**kw: Any) -> RC:
     if outcome.interrupted:
         return RC.INTERRUPTED
     return RC.FAIL if results.any_errors else RC.OK
+
+
+def _campaign(a: CliArgs, req: AbTestRequest) -> Campaign:
+    """The campaign of --sweep: the one workload, unscaled (the sweep sets lengths before
+    --scale shrinks them, as the presets are written)."""
+    assert a.sweep is not None
+    sweep = parse_sweep(a.sweep)
+    if a.scenario == "all":
+        raise ValueError("--sweep runs one workload: give --scenario NAME or --workload FILE")
+    (spec,) = _scenarios(a.scenario, a.workload, 1.0)
+    if a.request_order is not None:
+        spec = dataclasses.replace(spec, request_order=a.request_order)
+    for value in sweep.values:  # every point checked before the first is measured
+        point_spec(spec, sweep, value).scaled(a.scale)
+    return Campaign(sweep, spec, a.scale, req.seed)
+
+
+def _link_plots(root: Path, plots: list[Path], note: str | None) -> None:
+    """The campaign's plots (or why there are none) at the end of campaign.md."""
+    md = root / "campaign.md"
+    lines = [f"![{p.stem}]({p.relative_to(root).as_posix()})" for p in plots]
+    lines += [f"_{note}_"] if note else []
+    if md.is_file() and lines:
+        md.write_text(md.read_text() + "\n" + "\n".join(lines) + "\n")
+
+
+def _show_campaign(
+    c: Campaign, interrupted: bool, root: Path, as_json: bool, out: Console, err: Console
+) -> RC:
+    if as_json:
+        click.echo(json.dumps(c.to_json(), indent=2))
+    table = Table(title=f"kvops ab-test campaign: {markup(c.spec.name)} over {c.sweep.param}")
+    for head in (c.sweep.param, "verdict", "Δ throughput", "95% CI", "working set / GPU KV"):
+        table.add_column(head)
+    for p in c.points:
+        table.add_row(
+            c.sweep.label(p.value),
+            markup((p.verdict or p.status) + (f" ({p.verdict_note})" if p.verdict_note else "")),
+            "—" if p.delta_pct is None else f"{p.delta_pct:+.1f}%",
+            "—" if p.ci95_low_pct is None or p.ci95_high_pct is None
+            else f"[{p.ci95_low_pct:+.1f}%, {p.ci95_high_pct:+.1f}%]",
+            f"{p.working_set_tokens:,} / {p.gpu_kv_capacity_tokens:,}"
+            if p.working_set_tokens is not None and p.gpu_kv_capacity_tokens is not None
+            else "—",
+        )  # fmt: skip
+    shown = err if as_json else out
+    shown.print(table)
+    if c.crossover is not None:
+        shown.print(f"[bold]crossover:[/] {markup(c.crossover.text)}")
+    if c.capacity:
+        shown.print(f"[bold]GPU memory:[/] {markup(c.capacity)}")
+    err.print(
+        f"[dim]campaign directory: {markup(root)} (campaign.json, campaign.md, a run per point)[/]"
+    )
+    if interrupted:
+        err.print(f"[bold yellow]interrupted: kvops ab-test --resume {markup(root)} continues[/]")
+        return RC.INTERRUPTED
+    return RC.OK
 
 
 def auto_time_scale(scale: float) -> float:
@@ -359,6 +448,7 @@ class CliArgs:
     limit: str | None = None
     deploy_variants: str = "baseline,offload"
     deploy_vars: tuple[str, ...] = ()
+    sweep: str | None = None
 
 
 def _request(a: CliArgs) -> AbTestRequest:

@@ -24,7 +24,7 @@ from kvops.sim.lmcache_config import (
     gds_offload_keys,
     load_lmcache_settings,
 )
-from kvops.sim.model import EngineSettings, build_engine
+from kvops.sim.model import EngineSettings, build_engine, shared_kv_memory_bytes
 from kvops.sim.profiles import (
     ProfileError,
     load_gpu,
@@ -122,6 +122,13 @@ def sim() -> None:
 @click.option(
     "--num-gpu-blocks-override", default=None, type=int, help="Cap the GPU KV blocks (as vLLM)."
 )
+@click.option(
+    "--kv-cache-memory-bytes",
+    default=None,
+    type=click.IntRange(1),
+    help="GPU KV cache size per GPU in bytes, instead of sizing it by --gpu-memory-utilization "
+    "(as vLLM).",
+)
 @click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=True, show_default=True)
 @click.option(
     "--kv-transfer-config",
@@ -186,6 +193,7 @@ def serve(**opts: Any) -> None:
         tensor_parallel_size=opts["tensor_parallel_size"],
         max_model_len=opts["max_model_len"],
         num_gpu_blocks_override=opts["num_gpu_blocks_override"],
+        kv_cache_memory_bytes=opts["kv_cache_memory_bytes"],
         kv_capacity_scale=opts["kv_capacity_scale"],
         enable_prefix_caching=opts["enable_prefix_caching"],
         offload=offload,
@@ -248,8 +256,9 @@ _SHAPE_OPTIONS = [
                       "(local_cpu + max_local_cpu_size; read first, written through)."),
     click.option("--gds-buffer-mib", default=DEFAULT_GDS_BUFFER_MIB, show_default=True,
                  type=click.IntRange(0),
-                 help="Offload arm: LMCache gds_buffer_size, MiB of GPU memory taken from its "
-                      "KV cache (0: the buffer lives outside --gpu-memory-utilization)."),
+                 help="Offload arm: LMCache gds_buffer_size, MiB of GPU memory. Both arms "
+                      "get the same KV memory, what the default utilisation leaves once the "
+                      "buffer is on the GPU (as the vllm_lmcache role sizes its variants)."),
     click.option("--scale", default=1.0, show_default=True,
                  type=click.FloatRange(0, 1, min_open=True),
                  help="Shrink every token length and the GPU KV cache by this factor, exactly "
@@ -294,18 +303,22 @@ def _shape(opts: dict[str, Any]) -> SeedShape:
 def _arm_settings(opts: dict[str, Any]) -> Callable[[bool], EngineSettings]:
     """Engine settings per arm: offload with an LMCache GDS tier (--gds-buffer-mib of GPU
     memory), behind a CPU DRAM tier of --cpu-tier-gb when given (LMCache reads the fastest
-    tier holding a chunk and writes every chunk to every tier); the KV cache shrunk by --scale
-    as the embedded engines of `kvops ab-test --scale` shrink theirs. The same LMCache keys as
+    tier holding a chunk and writes every chunk to every tier); both arms with the same KV
+    memory (`shared_kv_memory_bytes`), shrunk by --scale as the embedded engines of
+    `kvops ab-test --scale` shrink theirs. The same LMCache keys as
     those engines (`gds_offload_keys`), so the two agree on one configuration."""
     keys = gds_offload_keys(int(opts["gds_buffer_mib"]), float(opts["cpu_tier_gb"]))
+    tp = opts["tensor_parallel_size"]
+    kv = shared_kv_memory_bytes(opts["model"], opts["gpu"], int(opts["gds_buffer_mib"]), tp)
 
     def settings(offload: bool) -> EngineSettings:
         lm = LMCacheSettings(**keys, gds_path="(virtual)")  # type: ignore[arg-type]
         return EngineSettings(
             offload=offload,
             lmcache=lm,
-            tensor_parallel_size=opts["tensor_parallel_size"],
+            tensor_parallel_size=tp,
             kv_capacity_scale=float(opts["scale"]),
+            kv_cache_memory_bytes=kv or None,
         )
 
     return settings
@@ -337,7 +350,7 @@ def run(**opts: Any) -> None:
         summary = summarize(run_batches(engine, batches, shape.send_interval_s), skip)
         out[arm] = {
             "num_gpu_blocks": engine.cache.num_blocks,
-            "gds_buffer_mib": settings.gds_buffer_reserved_mib,
+            "gds_buffer_mib": settings.lmcache.staging_buffer_mib if offload else 0,
             "cpu_tier_gb": settings.lmcache.max_local_cpu_size
             if offload and settings.lmcache.local_cpu else 0.0,
             **dataclasses.asdict(summary),

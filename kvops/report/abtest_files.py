@@ -16,10 +16,19 @@ import html
 from collections.abc import Mapping
 from pathlib import Path
 
-from kvops.abtest.result_types import RunResults
+from kvops.abtest.result_types import RunResults, ScenarioResult
 from kvops.report.abtest_deploy import deploy_html, deploy_markdown
 from kvops.report.abtest_plots import write_plots
 from kvops.report.abtest_table import fmt_num, fmt_pct, protocol_line
+from kvops.report.explain import (
+    SOURCE_HEAD,
+    comparison_verdict,
+    precondition_lines,
+    token_source_lines,
+    token_source_rows,
+    verdict_text,
+    why_lines,
+)
 from kvops.report.host_text import markdown_inline, printable
 from kvops.workload.record import RequestRecord
 
@@ -45,7 +54,7 @@ def _rows(doc: RunResults, name: str) -> list[list[str]]:
                 c.metric, f"{c.baseline_arm} {fmt_num(c.baseline)}",
                 f"{c.candidate_arm} {fmt_num(c.candidate)}", fmt_pct(c.delta_pct),
                 f"[{fmt_pct(c.ci95_low_pct)}, {fmt_pct(c.ci95_high_pct)}]",
-                c.verdict, c.resample_unit,
+                comparison_verdict(c.verdict, c.caveat), c.resample_unit,
             ]
         )  # fmt: skip
     return rows
@@ -69,11 +78,15 @@ def _arm_lines(doc: RunResults) -> list[str]:
 
 def kv_memory_note(cache: Mapping[str, str]) -> str:
     """The arm's KV-cache configuration as the server reports it (vLLM's cache_config_info;
-    the LMCache fields only from kvops sim): GPU blocks, the GDS staging buffer they lost,
-    the CPU tier in front of GDS."""
+    the LMCache fields only from kvops sim): GPU blocks, the KV memory when it is fixed
+    (`--kv-cache-memory-bytes`), the GDS staging buffer they lost, the CPU tier in front of
+    GDS."""
     out = ""
     if cache.get("num_gpu_blocks"):
         out += f", {cache['num_gpu_blocks']} GPU KV blocks of {cache.get('block_size', '?')} tokens"
+    kv_bytes = cache.get("kv_cache_memory_bytes", "")
+    if kv_bytes.isdigit() and int(kv_bytes) > 0:
+        out += f" (KV memory fixed at {int(kv_bytes) / 1024**3:.2f} GiB per GPU)"
     buffer_mib = cache.get("lmcache_gds_buffer_mib")
     if buffer_mib not in (None, "", "0"):
         out += f" (LMCache GDS buffer {buffer_mib} MiB taken from the KV cache)"
@@ -96,7 +109,13 @@ def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:
     if doc.warnings:
         out += ["", "## Warnings", ""] + [f"- {markdown_inline(w)}" for w in doc.warnings]
     for name, sc in doc.scenarios.items():
-        out += ["", f"## {name}: offload {sc.verdict}", "", f"({protocol_line(doc, sc)})", ""]
+        out += [
+            "",
+            f"## {name}: {markdown_inline(verdict_text(sc))}",
+            "",
+            f"({protocol_line(doc, sc)})",
+            "",
+        ]
         out += ["| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
         out += ["| " + " | ".join(r) + " |" for r in _rows(doc, name)]
         out += [""] + [
@@ -105,6 +124,9 @@ def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:
             f"{fmt_num(b.metrics.cached_token_share)}"
             for arm, b in sc.arms.items()
         ]
+        out += _checks_markdown(sc)
+        why = why_lines(doc, name)
+        out += [""] + [f"- **{markdown_inline(w)}**" for w in why] if why else []
         out += [""] + [
             f"![{p.stem}]({p.as_posix()})" for p in plots if p.stem.startswith(name + "-")
         ]
@@ -117,6 +139,24 @@ def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:
     if note:
         out += ["", f"_{note}_"]
     return "\n".join(out) + "\n"
+
+
+def _checks_markdown(sc: ScenarioResult) -> list[str]:
+    out: list[str] = []
+    lines = precondition_lines(sc.checks)
+    if lines:
+        out += ["", "Preconditions of the verdict:", ""]
+        out += [f"- {markdown_inline(line)}" for line in lines]
+    rows = token_source_rows(sc.checks)
+    if rows:
+        out += [
+            "",
+            "Where the prompt tokens came from (the engines' counters, measured iterations):",
+            "",
+        ]
+        out += ["| " + " | ".join(SOURCE_HEAD) + " |", "|" + "---|" * len(SOURCE_HEAD)]
+        out += ["| " + " | ".join(markdown_inline(x) for x in r) + " |" for r in rows]
+    return out
 
 
 def to_html(doc: RunResults, plots: list[Path], note: str | None) -> str:
@@ -139,15 +179,23 @@ def to_html(doc: RunResults, plots: list[Path], note: str | None) -> str:
         parts += ["<h2>Warnings</h2><ul>", *warnings, "</ul>"]
     for name, sc in doc.scenarios.items():
         v = e(sc.verdict)
-        parts.append(f"<h2>{e(name)}: offload <span class='{v}'>{v}</span></h2>")
+        text = verdict_text(sc)
+        lead = "" if sc.verdict.startswith("offload") else "offload "
+        inner = e(text[len(lead) :])
+        parts.append(f"<h2>{e(name)}: {lead}<span class='{v}'>{inner}</span></h2>")
         parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in _HEAD) + "</tr>")
         for r in _rows(doc, name):
             cells = [f"<td>{e(x)}</td>" for x in r[:5]] + [
-                f"<td class='{e(r[5])}'>{e(r[5])}</td>",
+                f"<td class='{e(r[5].split(' (')[0])}'>{e(r[5])}</td>",
                 f"<td>{e(r[6])}</td>",
             ]
             parts.append("<tr>" + "".join(cells) + "</tr>")
         parts.append("</table>")
+        checks = (
+            precondition_lines(sc.checks) + token_source_lines(sc.checks) + why_lines(doc, name)
+        )
+        if checks:
+            parts += ["<ul>", *[f"<li>{e(printable(x))}</li>" for x in checks], "</ul>"]
         parts += [
             f"<img src='{e(p.as_posix())}' alt='{e(p.stem)}'>"
             for p in plots

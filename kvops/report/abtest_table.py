@@ -15,6 +15,13 @@ from rich.console import Console
 from rich.table import Table
 
 from kvops.abtest.result_types import Prediction, RunResults, ScenarioResult
+from kvops.report.explain import (
+    comparison_verdict,
+    precondition_lines,
+    token_source_lines,
+    verdict_text,
+    why_lines,
+)
 from kvops.report.host_text import markup
 
 TABLE_METRICS = (
@@ -64,7 +71,8 @@ def render_table(doc: RunResults, console: Console) -> None:
                 ],
                 fmt_pct(c.delta_pct) if c else "",
                 f"[{fmt_pct(c.ci95_low_pct)}, {fmt_pct(c.ci95_high_pct)}]" if c else "",
-                f"[{_STYLE.get(verdict, 'dim')}]{verdict}[/]",
+                f"[{_STYLE.get(verdict, 'dim')}]"
+                f"{markup(comparison_verdict(verdict, c.caveat if c else None))}[/]",
             )
             first = False
         table.add_section()
@@ -75,9 +83,11 @@ def render_table(doc: RunResults, console: Console) -> None:
         share = ", ".join(f"{a} {_share(sc.arms[a].metrics.cached_token_share)}" for a in arms)
         style = _STYLE.get(sc.verdict, "bold")
         detail = markup(f"errors: {errs}; cached-token share: {share}; {protocol_line(doc, sc)}")
-        console.print(
-            f"{markup(name)}: offload [{style}]{markup(sc.verdict)}[/]  [dim]({detail})[/]"
-        )
+        console.print(f"{markup(name)}: [{style}]{markup(verdict_text(sc))}[/]  [dim]({detail})[/]")
+        for line in precondition_lines(sc.checks) + token_source_lines(sc.checks):
+            console.print(f"  [dim]{markup(line)}[/]")
+        for line in why_lines(doc, name):
+            console.print(f"  {markup(line)}")
     _prediction_lines(doc.model_prediction or {}, arm_names, console)
     client = doc.client
     line = (

@@ -39,6 +39,10 @@ class EngineSettings:
     tensor_parallel_size: int = 1
     max_model_len: int | None = None  # default: the model's max_position
     num_gpu_blocks_override: int | None = None
+    # vLLM's `--kv-cache-memory-bytes` (per GPU): the KV cache gets exactly this much and
+    # `gpu_memory_utilization` no longer sizes it (vllm/config/cache.py, CacheConfig
+    # `kv_cache_memory_bytes`); how the vllm_lmcache role gives every variant the same KV memory.
+    kv_cache_memory_bytes: int | None = None
     kv_capacity_scale: float = 1.0
     enable_prefix_caching: bool = True
     offload: bool = False
@@ -51,9 +55,10 @@ class EngineSettings:
     def gds_buffer_reserved_mib(self) -> int:
         """GPU memory (MiB) LMCache's GDS staging buffer takes out of the KV cache: the buffer
         (`gds_buffer_size`, MiB of VRAM) lives inside the same `gpu_memory_utilization` share
-        as the KV blocks, so the pool shrinks by it; 0 without a GDS tier. Set the buffer
-        size to 0 to model a deployment that gave it memory outside that share instead."""
-        if not self.offload or not self.lmcache.gds_path:
+        as the KV blocks, so the pool shrinks by it; 0 without a GDS tier, and 0 when
+        `kv_cache_memory_bytes` fixes the KV cache's size (the buffer then lives beside it).
+        Set the buffer size to 0 to model a deployment that gave it memory outside that share."""
+        if not self.offload or not self.lmcache.gds_path or self.kv_cache_memory_bytes:
             return 0
         return self.lmcache.staging_buffer_mib
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvops.sim.costs import CostModel
+from kvops.sim.costs import GIB, MIB, CostModel
 from kvops.sim.engine import Engine, EngineError, EngineSettings
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.offload import OffloadTier
@@ -97,12 +97,15 @@ def build_engine(
             settings.kv_capacity_scale,
         )
         reserved = settings.gds_buffer_reserved_mib * 1024**2
-    tokens = costs.kv_capacity_tokens(
-        settings.gpu_memory_utilization,
-        settings.max_num_batched_tokens,
-        settings.max_num_seqs,
-        reserved,
-    )
+    if settings.kv_cache_memory_bytes:
+        tokens = _fixed_kv_tokens(costs, settings)
+    else:
+        tokens = costs.kv_capacity_tokens(
+            settings.gpu_memory_utilization,
+            settings.max_num_batched_tokens,
+            settings.max_num_seqs,
+            reserved,
+        )
     blocks = int(tokens // settings.block_size * settings.kv_capacity_scale)
     if settings.num_gpu_blocks_override is not None:
         blocks = min(blocks, settings.num_gpu_blocks_override) if blocks > 0 else 0
@@ -114,6 +117,49 @@ def build_engine(
         )
     max_len = settings.max_model_len or model_p.max_position
     return Engine(costs, settings, blocks, offload, max_len)
+
+
+def shared_kv_memory_bytes(
+    model: str | ModelProfile,
+    gpu: str | GpuProfile,
+    gds_buffer_mib: int,
+    tensor_parallel_size: int = 1,
+) -> int:
+    """One GPU KV memory for a baseline and an offload arm (`kv_cache_memory_bytes`, per GPU):
+    what vLLM's default utilisation leaves for KV once the offload arm's GDS buffer is also on
+    the GPU, so both fit. The vllm_lmcache role gives every variant the same KV memory
+    (`vllm_lmcache_kv_cache_memory_bytes`, roles/vllm_lmcache/README.md); arms with different
+    KV capacity batch differently, and that would read as an offload effect. 0 when the
+    weights leave no room."""
+    model_p = load_model(model) if isinstance(model, str) else model
+    gpu_p = load_gpu(gpu) if isinstance(gpu, str) else gpu
+    costs = CostModel(gpu_p, model_p, tensor_parallel_size)
+    d = EngineSettings()
+    tokens = costs.kv_capacity_tokens(
+        d.gpu_memory_utilization, d.max_num_batched_tokens, d.max_num_seqs, gds_buffer_mib * MIB
+    )
+    return int(tokens * costs.kv_bytes_per_token_per_gpu)
+
+
+def _fixed_kv_tokens(costs: CostModel, settings: EngineSettings) -> int:
+    """KV tokens per GPU for `--kv-cache-memory-bytes`; EngineError when that KV, the weights,
+    the activations, the runtime and LMCache's GDS buffer together exceed the GPU's memory."""
+    kv = int(settings.kv_cache_memory_bytes or 0)
+    buffer = settings.lmcache.staging_buffer_mib * MIB if settings.offload else 0
+    others = (
+        costs.weight_bytes_per_gpu
+        + costs.activation_bytes_per_gpu(settings.max_num_batched_tokens, settings.max_num_seqs)
+        + costs.gpu.runtime_overhead_gib * GIB
+        + buffer
+    )
+    total = costs.gpu.memory_mib * MIB
+    if kv + others > total:
+        raise EngineError(
+            f"kv_cache_memory_bytes {kv / GIB:.1f} GiB does not fit on {costs.gpu.name}: with "
+            f"weights, activations, runtime and a {buffer / MIB:.0f} MiB GDS buffer it needs "
+            f"{(kv + others) / GIB:.1f} GiB of {total / GIB:.1f} GiB"
+        )
+    return int(kv // costs.kv_bytes_per_token_per_gpu)
 
 
 def simulate(

@@ -97,6 +97,7 @@ class SimServer:
             "num_gpu_blocks": str(self.engine.cache.num_blocks),
             "num_gpu_blocks_override": str(s.num_gpu_blocks_override),
             "gpu_memory_utilization": str(s.gpu_memory_utilization),
+            "kv_cache_memory_bytes": str(s.kv_cache_memory_bytes),
             "enable_prefix_caching": "True",
             "cache_dtype": "auto",
             "kv_connector": connector,

@@ -68,8 +68,11 @@ def test_the_embedded_offload_engine_follows_the_sim_profile(tmp_path: Path) -> 
     assert written["gds_buffer_size"] == 1024 and written["gds_path"]
     baseline, offload = embedded_arms(0.1, profile)
     assert offload.settings.lmcache.local_cpu and offload.settings.lmcache.max_local_cpu_size == 2.5
-    assert offload.settings.gds_buffer_reserved_mib == 1024
+    assert offload.settings.lmcache.staging_buffer_mib == 1024
+    # both arms have the same fixed KV memory; the buffer lives beside it, not inside it
+    assert offload.settings.gds_buffer_reserved_mib == 0
     assert baseline.settings.gds_buffer_reserved_mib == 0
+    assert offload.settings.kv_cache_memory_bytes == baseline.settings.kv_cache_memory_bytes
     default = yaml.safe_load(EmbeddedEngines(tmp_path, 0.1).lmcache_config().read_text())
     assert default["local_cpu"] is False and default["gds_buffer_size"] == 8192
 

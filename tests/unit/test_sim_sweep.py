@@ -89,9 +89,12 @@ def test_the_gds_buffer_comes_out_of_the_offload_arms_kv_cache_and_is_shown() ->
     assert (
         default["offload"]["gds_buffer_mib"] == 8192 and default["baseline"]["gds_buffer_mib"] == 0
     )
-    assert none["offload"]["num_gpu_blocks"] == none["baseline"]["num_gpu_blocks"]
+    # both arms always get the same KV memory (as the vllm_lmcache role gives its variants):
+    # the buffer shrinks both, not the offload arm alone (issue 27)
+    for doc in (default, none, big):
+        assert doc["offload"]["num_gpu_blocks"] == doc["baseline"]["num_gpu_blocks"]
     # 8 GiB of an 8B model's 128 KiB-per-token KV (16-token blocks: 2 MiB each) = 4096 blocks
-    lost = default["baseline"]["num_gpu_blocks"] - default["offload"]["num_gpu_blocks"]
+    lost = none["baseline"]["num_gpu_blocks"] - default["baseline"]["num_gpu_blocks"]
     assert lost == pytest.approx(4096, abs=1)
     assert big["offload"]["num_gpu_blocks"] == pytest.approx(
         default["offload"]["num_gpu_blocks"] - 4096, abs=1

@@ -1,0 +1,332 @@
+"""Campaigns: one A/B per operating point (`kvops ab-test --sweep num_prefixes=5,10,20`), and
+where offload starts to pay.
+
+Why: whether offload pays depends on the operating point (load, number and length of shared
+prefixes, output length); one A/B answers one point, operators need the crossover. Each point
+is a complete ab-test run (ABBA within the point, its own verdicts with CIs and
+preconditions) in a sub-directory of the campaign's run directory, so a point is measured once:
+`--resume` skips the points whose run completed and resumes the one that was interrupted after
+its last complete segment (kvops.abtest.rundir), never measuring a segment twice.
+
+The crossover is the smallest swept value from which every larger value reads "helps" on the
+primary metric (total token throughput), bracketed by the value before it (the true crossover
+lies between the two: its uncertainty at this grid); "none in range" when the largest value
+does not read "helps". The parameters are the workload's (`rate`, `max_concurrency`,
+`num_prefixes`, `prefix_tokens`, `output_tokens`); token lengths are swept before `--scale`
+shrinks them, as the presets are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvops.abtest.experiment import Hooks
+from kvops.abtest.metrics import PRIMARY_METRIC
+from kvops.abtest.result_types import ResultsFormatError, RunResults
+from kvops.abtest.session import AbTestRequest, prepare, run_ab_test
+from kvops.errors import KvopsError
+from kvops.workload.spec import WorkloadSpec, WorkloadSpecError, spec_from_dict
+
+SWEEPABLE = ("rate", "max_concurrency", "num_prefixes", "prefix_tokens", "output_tokens")
+INTEGER = ("max_concurrency", "num_prefixes", "prefix_tokens", "output_tokens")
+CAMPAIGN_FILE = "campaign.json"
+
+
+class CampaignError(KvopsError, ValueError):
+    """A sweep that cannot run as written (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    param: str
+    values: tuple[float, ...]
+
+    def label(self, value: float) -> str:
+        return f"{value:g}"
+
+    def point_dir(self, value: float) -> str:
+        return f"{self.param}={self.label(value)}"
+
+
+def parse_sweep(text: str) -> Sweep:
+    """`num_prefixes=5,10,20` -> Sweep; distinct values sorted ascending."""
+    param, sep, values = text.partition("=")
+    param = param.strip()
+    if not sep or param not in SWEEPABLE:
+        raise CampaignError(
+            f"--sweep {text!r}: expected PARAM=V1,V2,... with PARAM one of {', '.join(SWEEPABLE)}"
+        )
+    try:
+        parsed = sorted({float(v) for v in values.split(",") if v.strip()})
+    except ValueError:
+        raise CampaignError(f"--sweep {text!r}: values must be numbers") from None
+    if len(parsed) < 2:
+        raise CampaignError(f"--sweep {text!r}: give two or more values")
+    if param in INTEGER and any(v != int(v) or v < 1 for v in parsed):
+        raise CampaignError(f"--sweep {param}: values must be positive integers")
+    if any(v <= 0 or math.isnan(v) for v in parsed):
+        raise CampaignError(f"--sweep {param}: values must be positive")
+    return Sweep(param, tuple(parsed))
+
+
+def point_spec(spec: WorkloadSpec, sweep: Sweep, value: float) -> WorkloadSpec:
+    """The workload at one point (before --scale), checked like a spec file; the name carries
+    the point so the sub-run's reports say which it is."""
+    data = spec.to_dict()
+    data[sweep.param] = int(value) if sweep.param in INTEGER else value
+    data["name"] = f"{spec.name}@{sweep.point_dir(value)}"
+    try:
+        return spec_from_dict(data, f"--sweep {sweep.param}={sweep.label(value)}")
+    except WorkloadSpecError as exc:
+        raise CampaignError(str(exc)) from None
+
+
+@dataclass
+class PointResult:
+    value: float
+    run_dir: str
+    status: str  # complete | interrupted | ... | pending
+    verdict: str | None = None
+    delta_pct: float | None = None
+    ci95_low_pct: float | None = None
+    ci95_high_pct: float | None = None
+    working_set_tokens: int | None = None
+    gpu_kv_capacity_tokens: int | None = None
+    verdict_note: str | None = None
+
+
+@dataclass
+class Crossover:
+    value: float | None  # the smallest value from which offload helps; None: none in range
+    after: float | None  # the largest value below it (the crossover lies in (after, value])
+    text: str
+
+
+def point_result(value: float, run_dir: Path) -> PointResult:
+    """A point as its sub-run's results.json says (pending when it has none)."""
+    path = run_dir / "results.json"
+    if not path.is_file():
+        return PointResult(value, str(run_dir), "pending")
+    try:
+        doc = RunResults.from_text(path.read_text(encoding="utf-8"))
+    except (ResultsFormatError, OSError) as exc:
+        raise CampaignError(f"{path}: {exc}") from None
+    (sc,) = doc.scenarios.values()
+    cand = doc.arm_names[1] if len(doc.arm_names) > 1 else None
+    c = sc.comparison(PRIMARY_METRIC, cand)
+    checks = sc.checks
+    return PointResult(
+        value, str(run_dir), doc.status, sc.verdict,
+        c.delta_pct if c else None, c.ci95_low_pct if c else None,
+        c.ci95_high_pct if c else None,
+        checks.working_set_tokens if checks else None,
+        checks.gpu_kv_capacity_tokens if checks else None,
+        checks.verdict_note if checks else None,
+    )  # fmt: skip
+
+
+def find_crossover(sweep: Sweep, points: list[PointResult]) -> Crossover:
+    """Pure: the smallest measured value from which every larger measured value helps."""
+    measured = sorted((p for p in points if p.verdict is not None), key=lambda p: p.value)
+    if not measured:
+        return Crossover(None, None, "no point measured yet")
+    first: PointResult | None = None
+    for p in reversed(measured):
+        if p.verdict != "helps":
+            break
+        first = p
+    if first is None:
+        return Crossover(
+            None, None,
+            f"none in range: offload does not help at {sweep.param} = "
+            f"{sweep.label(measured[-1].value)}, the largest value measured",
+        )  # fmt: skip
+    before = [p for p in measured if p.value < first.value]
+    if not before:
+        return Crossover(
+            first.value, None,
+            f"offload helps at every measured {sweep.param}, from "
+            f"{sweep.label(first.value)} (the smallest measured: the crossover is at or below it)",
+        )  # fmt: skip
+    after = before[-1]
+    return Crossover(
+        first.value, after.value,
+        f"offload starts to help between {sweep.param} = {sweep.label(after.value)} "
+        f"({after.verdict}) and {sweep.label(first.value)} (helps)",
+    )  # fmt: skip
+
+
+def capacity_crossing(sweep: Sweep, points: list[PointResult]) -> str | None:
+    """Where the workload's working set outgrows the GPU KV capacity over the sweep (the
+    preconditions' figures), to read beside the crossover: offload can only pay beyond it."""
+    known = sorted(
+        (p for p in points if p.working_set_tokens is not None and p.gpu_kv_capacity_tokens),
+        key=lambda p: p.value,
+    )
+    over = [p for p in known if (p.working_set_tokens or 0) > (p.gpu_kv_capacity_tokens or 0)]
+    if not known:
+        return None
+    if not over:
+        return f"the working set fits the GPU KV capacity at every measured {sweep.param}"
+    first = over[0]
+    below = [p for p in known if p.value < first.value]
+    where = (
+        f"between {sweep.param} = {sweep.label(below[-1].value)} and {sweep.label(first.value)}"
+        if below
+        else f"at {sweep.param} = {sweep.label(first.value)} already"
+    )
+    return (
+        f"the working set outgrows the GPU KV capacity {where} ({first.working_set_tokens:,} > "
+        f"{first.gpu_kv_capacity_tokens:,} tokens)"
+    )
+
+
+@dataclass
+class Campaign:
+    """campaign.json: what the campaign sweeps, and (after each point) what it found."""
+
+    sweep: Sweep
+    spec: WorkloadSpec  # the unscaled workload the sweep varies
+    scale: float
+    seed: int | None
+    points: list[PointResult] = field(default_factory=list)
+    crossover: Crossover | None = None
+    capacity: str | None = None  # capacity_crossing's sentence
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "param": self.sweep.param,
+            "values": list(self.sweep.values),
+            "workload": self.spec.to_dict(),
+            "scale": self.scale,
+            "seed": self.seed,
+            "points": [dataclasses.asdict(p) for p in self.points],
+            "crossover": dataclasses.asdict(self.crossover) if self.crossover else None,
+            "gpu_capacity": self.capacity,
+        }
+
+    @classmethod
+    def load(cls, directory: Path) -> Campaign:
+        path = directory / CAMPAIGN_FILE
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+            spec = spec_from_dict(d["workload"], f"{path} workload")
+            return cls(Sweep(d["param"], tuple(d["values"])), spec, float(d["scale"]), d["seed"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CampaignError(f"{path}: not a kvops campaign ({exc})") from None
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / CAMPAIGN_FILE).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+
+def is_campaign(directory: Path) -> bool:
+    return (directory / CAMPAIGN_FILE).is_file()
+
+
+def campaign_markdown(c: Campaign) -> str:
+    """campaign.md: per point the paired delta with its CI, the verdict and what is said
+    beside it, the working set against GPU KV capacity; then the crossover."""
+    p_ = c.sweep.param
+    out = [
+        f"# kvops ab-test campaign: {c.spec.name} over {p_}",
+        "",
+        f"Each point is an ABBA A/B of its own (sub-run linked); primary metric {PRIMARY_METRIC}.",
+        "",
+        f"| {p_} | verdict | Δ throughput | 95% CI | working set / GPU KV tokens | run |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in c.points:
+        delta = "—" if p.delta_pct is None else f"{p.delta_pct:+.1f}%"
+        ci = (
+            "—" if p.ci95_low_pct is None or p.ci95_high_pct is None
+            else f"[{p.ci95_low_pct:+.1f}%, {p.ci95_high_pct:+.1f}%]"
+        )  # fmt: skip
+        fit = (
+            f"{p.working_set_tokens:,} / {p.gpu_kv_capacity_tokens:,}"
+            if p.working_set_tokens is not None and p.gpu_kv_capacity_tokens is not None
+            else "—"
+        )
+        verdict = (p.verdict or p.status) + (f" ({p.verdict_note})" if p.verdict_note else "")
+        name = Path(p.run_dir).name
+        link = f"[{name}]({name}/report.md)"
+        out.append(f"| {c.sweep.label(p.value)} | {verdict} | {delta} | {ci} | {fit} | {link} |")
+    if c.crossover is not None:
+        out += ["", f"**Crossover**: {c.crossover.text}."]
+    if c.capacity:
+        out += ["", f"**GPU memory**: {c.capacity}."]
+    return "\n".join(out) + "\n"
+
+
+DONE_STATUSES = ("complete", "invalid")  # measured to the end (invalid: an arm broke)
+
+
+@dataclass
+class CampaignOutcome:
+    campaign: Campaign
+    interrupted: bool
+
+
+def run_campaign(
+    req: AbTestRequest, campaign: Campaign, hooks: Hooks, resume: bool = False
+) -> CampaignOutcome:
+    """Run (or resume) every point not yet measured to its end, then write campaign.json and
+    campaign.md. A new campaign refuses an existing one in `req.out` unless overwriting."""
+    root = req.out
+    if not resume:
+        if is_campaign(root) and not req.overwrite:
+            raise CampaignError(f"{root} holds a campaign: --resume {root} or --overwrite")
+        if root.is_dir() and any(root.iterdir()) and not req.overwrite:
+            raise CampaignError(f"{root} is not empty: choose another --out or --overwrite")
+        if req.overwrite and root.exists():
+            shutil.rmtree(root)
+        if campaign.seed is None:
+            campaign.seed = req.seed if req.seed is not None else secrets.randbits(32)
+        campaign.save(root)
+    else:
+        req = _settings_of_a_started_point(root, campaign)
+    interrupted = False
+    points: list[PointResult] = []
+    for value in campaign.sweep.values:
+        sub_dir = root / campaign.sweep.point_dir(value)
+        found = point_result(value, sub_dir)
+        if interrupted or found.status in DONE_STATUSES:
+            points.append(found)
+            continue
+        spec = point_spec(campaign.spec, campaign.sweep, value).scaled(campaign.scale)
+        started = (sub_dir / "run.json").is_file()
+        sub = dataclasses.replace(
+            req, out=sub_dir, scenarios=[spec], seed=campaign.seed, resume=started,
+            overwrite=False,
+        )  # fmt: skip
+        hooks.on_segment(f"campaign point {campaign.sweep.point_dir(value)}")
+        outcome = run_ab_test(sub, hooks)
+        points.append(point_result(value, sub_dir))
+        interrupted = outcome.interrupted
+    campaign.points = points
+    campaign.crossover = find_crossover(campaign.sweep, points)
+    campaign.capacity = capacity_crossing(campaign.sweep, points)
+    campaign.save(root)
+    (root / "campaign.md").write_text(campaign_markdown(campaign))
+    return CampaignOutcome(campaign, interrupted)
+
+
+def _settings_of_a_started_point(root: Path, campaign: Campaign) -> AbTestRequest:
+    """The run settings (arms, options, engines, deploy) of the campaign, read back from a
+    point that was started (its run.json), for the points not started yet."""
+    for value in campaign.sweep.values:
+        sub_dir = root / campaign.sweep.point_dir(value)
+        if (sub_dir / "run.json").is_file():
+            req = AbTestRequest(out=sub_dir, resume=True)
+            prepare(req)
+            return dataclasses.replace(req, resume=False)
+    raise CampaignError(
+        f"{root}: no point of this campaign was started; start it again with --overwrite"
+    )
