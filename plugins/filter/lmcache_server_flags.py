@@ -1,0 +1,1 @@
+../../roles/vllm_lmcache/filter_plugins/lmcache_server_flags.py
