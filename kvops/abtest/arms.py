@@ -200,13 +200,19 @@ async def reset_prefix_cache(session: aiohttp.ClientSession, info: ArmInfo) -> b
 async def fetch_counters(session: aiohttp.ClientSession, info: ArmInfo) -> Counters | None:
     """The arm's token counters now (`kvops.abtest.engine_counters`), or None when it has no
     readable /metrics."""
+    body = await _metrics_text(session, info)
+    return read_counters(body) if body is not None else None
+
+
+async def _metrics_text(session: aiohttp.ClientSession, info: ArmInfo) -> str | None:
+    """The arm's /metrics page, or None when it has none or it cannot be read now."""
     if not info.has_metrics:
         return None
     try:
         status, body = await _get(session, info.url + "/metrics")
     except (aiohttp.ClientError, TimeoutError, OSError):
         return None
-    return read_counters(body) if status == 200 else None
+    return body if status == 200 else None
 
 
 EMISSION_LAG = "kvops:sim_emission_lag_seconds"
@@ -215,13 +221,8 @@ EMISSION_LAG = "kvops:sim_emission_lag_seconds"
 async def emission_lag(session: aiohttp.ClientSession, info: ArmInfo) -> tuple[float, int] | None:
     """(sum of seconds, steps) of the simulated engine's emission-lag histogram so far, or
     None for a server without it (a real vLLM): a segment's lag is the difference of two reads."""
-    if not info.has_metrics:
-        return None
-    try:
-        status, body = await _get(session, info.url + "/metrics")
-    except (aiohttp.ClientError, TimeoutError, OSError):
-        return None
-    if status != 200:
+    body = await _metrics_text(session, info)
+    if body is None:
         return None
     parsed = parse_prometheus_text(body)
     total = parsed.counter_value(EMISSION_LAG + "_sum")
