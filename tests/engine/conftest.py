@@ -456,6 +456,13 @@ def engine_launcher() -> Callable[..., Engine]:
 
 
 @pytest.fixture(scope="session")
+def role_renderer() -> Callable[..., RoleRendering]:
+    """`render_role`, for tests that render the role themselves (a fixture: in a whole-suite
+    run the module named `conftest` is tests/conftest.py, so `from conftest import` fails)."""
+    return render_role
+
+
+@pytest.fixture(scope="session")
 def baseline_engine(engines: dict[str, Engine]) -> Engine:
     return engines["baseline"]
 

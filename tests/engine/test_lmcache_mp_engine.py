@@ -42,7 +42,7 @@ from ansible.template import Templar, trust_as_template
 from kvops.parse.prometheus import parse_prometheus_text
 
 if TYPE_CHECKING:
-    from conftest import Engine
+    from conftest import Engine, RoleRendering
 
 pytestmark = pytest.mark.timeout(1500)  # the first test may pay for the engine install
 
@@ -202,9 +202,8 @@ def mp(
     tiny_model: Path,
     engine_launcher: Callable[..., Engine],
     tmp_path_factory: pytest.TempPathFactory,
+    role_renderer: Callable[..., RoleRendering],
 ) -> Iterator[MpDeployment]:
-    from conftest import render_role  # the engine tier's renderer of the role's files
-
     root = tmp_path_factory.mktemp("offload-mp")
     gds = root / "gds"
     gds.mkdir()
@@ -214,7 +213,7 @@ def mp(
         "vllm_lmcache_mp_http_port": http_port,
         "vllm_lmcache_mp_l1_size_gb": 0.5,  # a 2-core, few-GB test host
     }
-    rendering = render_role(
+    rendering = role_renderer(
         "offload_mp",
         vllm_lmcache_venv_path=str(engine_venv),
         vllm_lmcache_gds_dir=str(gds),
