@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
-from ansible.plugins.loader import filter_loader
+from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar, trust_as_template
 
 from kvops.parse.prometheus import parse_prometheus_text
@@ -167,7 +167,9 @@ def _render_server(variables: dict[str, object]) -> tuple[list[str], dict[str, s
     (vars/main.yml, templates/lmcache_server.env.j2) with the role's own filters."""
     import shlex
 
-    filter_loader.add_directory(str(ROLE / "filter_plugins"))  # as a play loads a role's filters
+    # the role calls its filters by FQCN (kvops.gds.*): resolve the collection as a play run
+    # from the checkout does (ansible.cfg's collections_path starts with .collections)
+    init_plugin_loader([str(REPO / ".collections")])
     # what the role's lookup('file', 'lmcache_server_flags.json') reads inside a play
     templar = Templar(
         loader=DataLoader(), variables={**variables, "_vllm_lmcache_server_flag_doc": FLAG_DOC}
@@ -187,7 +189,7 @@ def _render_server(variables: dict[str, object]) -> tuple[list[str], dict[str, s
     )
     problems = templar.template(
         trust_as_template(
-            "{{ _vllm_lmcache_mp_flags | lmcache_server_flag_problems("
+            "{{ _vllm_lmcache_mp_flags | kvops.gds.lmcache_server_flag_problems("
             "_vllm_lmcache_server_flag_doc, vllm_lmcache_lmcache_version,"
             " vllm_lmcache_mp_extra_known_flags) }}"
         )

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
-from ansible.plugins.loader import filter_loader
+from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar, trust_as_template
 from role_files import role_vars_file
 
@@ -53,7 +53,9 @@ def _templar(**role_vars: Any) -> Templar:
     # what the role's lookup('file', 'lmcache_server_flags.json') reads inside a play
     variables["_vllm_lmcache_server_flag_doc"] = FLAG_DOC
     variables.update(role_vars, ansible_facts={"os_family": "Debian"}, ansible_managed="managed")
-    filter_loader.add_directory(str(ROLE / "filter_plugins"))  # as a play loads a role's filters
+    # the role calls its filters by FQCN (kvops.gds.*): resolve the collection as a play run
+    # from the checkout does (ansible.cfg's collections_path starts with .collections)
+    init_plugin_loader([str(ROLE.parents[1] / ".collections")])
     return Templar(loader=DataLoader(), variables=variables)
 
 
