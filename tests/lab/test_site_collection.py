@@ -2,6 +2,9 @@
 `ansible-galaxy collection build`, installed into an empty collections path, run from a folder
 outside the checkout with the operator's own ansible.cfg.
 
+Named to run among the site tests: it converges the shared lab, which test_lab_harness.py must
+see as booted (pytest runs a folder's files in name order).
+
 One test, in order (the shared lab, converged once per session by the checkout's site.yml):
 1. `ansible-playbook kvops.gds.site` from the installed collection converges the two site hosts
    with nothing left to change: the collection is the checkout's roles, filters and files;
