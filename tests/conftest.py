@@ -16,7 +16,20 @@ from ci_rule import in_ci
 pytest_plugins = ["pytester"]  # tests/unit/test_ci_rule.py runs this conftest in-process
 
 TIERS = ("unit", "integration", "lab", "engine")
+
+
+def _resolve_the_checkout_collection() -> None:
+    """Tests that template the roles in this process (Templar, not ansible-playbook) resolve the
+    roles' `kvops.gds.*` filters through the checkout's `.collections` link, as a play run from
+    the checkout does. Ansible configures its collection finder once per process, with the
+    paths of whoever asks first, so it is configured here before any test can ask."""
+    from ansible.plugins.loader import init_plugin_loader
+
+    init_plugin_loader([str(TESTS_ROOT.parent / ".collections")])
+
+
 TESTS_ROOT = Path(__file__).parent
+_resolve_the_checkout_collection()
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
