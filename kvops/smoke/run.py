@@ -36,6 +36,7 @@ from kvops.checks.lmcache import problem_lines
 from kvops.errors import KvopsError
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session, send_request
 from kvops.loadgen.client import read_text
+from kvops.parse._common import MAX_LINE_CHARS
 from kvops.parse.prometheus import PrometheusText, Sample, parse_prometheus_text
 from kvops.smoke import chunk_files
 from kvops.smoke.judge import (
@@ -525,6 +526,8 @@ class SmokeRunner:
 # LMCache colours its log level when it logs to a file too ("\x1b[31;20m... LMCache ERROR:\x1b[0m",
 # lmcache/logging.py): the quoted lines drop the colour codes.
 _ANSI_SGR = re.compile(r"\x1b\[[0-9;]*m")
+# enough to quote each problem and count it; a log repeating one line forever stops here
+MAX_PROBLEM_LINES = 1000
 
 
 def read_service_log(path: Path) -> ServiceLog:
@@ -534,9 +537,12 @@ def read_service_log(path: Path) -> ServiceLog:
     found: list[str] = []
     try:
         with path.open(encoding="utf-8", errors="replace") as fh:
-            for line in fh:  # a journal can be large: line by line
+            # a journal can be large: line by line, each cut at MAX_LINE_CHARS (a line without
+            # end is read in pieces, never whole), and at most MAX_PROBLEM_LINES kept
+            while line := fh.readline(MAX_LINE_CHARS):
                 count += 1
-                found += problem_lines([_ANSI_SGR.sub("", line)])
+                if len(found) < MAX_PROBLEM_LINES:
+                    found += problem_lines([_ANSI_SGR.sub("", line)])
     except OSError as exc:
         raise SmokeError(f"cannot read the service log {path}: {exc.strerror}") from None
     return ServiceLog(str(path), count, tuple(found))

@@ -149,3 +149,14 @@ def test_the_service_log_keeps_only_the_lines_naming_an_lmcache_problem(tmp_path
     assert got.problem_lines[0].startswith("[2026-12-04 18:40:01] LMCache ERROR: Failed")
     with pytest.raises(smoke_run.SmokeError, match="cannot read the service log"):
         smoke_run.read_service_log(tmp_path / "missing.log")
+
+
+def test_a_hostile_service_log_is_read_in_bounded_pieces(tmp_path: Path) -> None:
+    # one 8 MiB line with no end, then the problem repeated far past what is kept
+    log = tmp_path / "vllm.log"
+    problem = "System will operate in degraded mode (recompute).\n"
+    log.write_text("x" * (8 * 1024 * 1024) + "\n" + problem * 5000)
+    got = smoke_run.read_service_log(log)
+    assert len(got.problem_lines) == smoke_run.MAX_PROBLEM_LINES
+    assert all(len(line) <= 16 * 1024 for line in got.problem_lines)
+    assert "degraded mode (recompute)" in got.problem_lines[0]
