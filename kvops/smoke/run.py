@@ -139,8 +139,11 @@ class _Server:
         except (aiohttp.ClientError, OSError) as exc:
             raise SmokeError(f"{method} {url} failed: {exc}") from None
 
-    async def json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        status, text = await self.call(method, path, body)
+    async def json(
+        self, method: str, path: str, body: dict[str, Any] | None = None, absolute: bool = False
+    ) -> Any:
+        """The answer's JSON; `absolute`: `path` is a whole URL (another server's)."""
+        status, text = await self.call(method, path, body, absolute=absolute)
         if status != 200:
             raise SmokeError(f"{method} {path} answered HTTP {status}: {text.strip()[:200]}")
         try:
@@ -163,7 +166,7 @@ class _Server:
     async def _lmcache_server_samples(self) -> list[Sample]:
         """offload_mp: the LMCache server's counters, as LMCache's in-process names."""
         if self.chunk_size is None:
-            config = await self._server_json(self.lmcache_url + "/config")
+            config = await self.json("GET", self.lmcache_url + "/config", absolute=True)
             try:
                 self.chunk_size = int(config["mp"]["chunk_size"])
             except (KeyError, TypeError, ValueError):
@@ -175,15 +178,6 @@ class _Server:
         if status != 200:
             raise SmokeError(f"GET {self.lmcache_url}/metrics answered HTTP {status}")
         return lmcache_server_counters(parse_prometheus_text(text), self.chunk_size)
-
-    async def _server_json(self, url: str) -> Any:
-        status, text = await self.call("GET", url, absolute=True)
-        if status != 200:
-            raise SmokeError(f"GET {url} answered HTTP {status}: {text.strip()[:200]}")
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            raise SmokeError(f"GET {url} did not answer JSON: {text[:200]!r}") from None
 
 
 # LMCache's multiprocess server (0.5.6) counts through OpenTelemetry
