@@ -489,7 +489,11 @@ def findings_for(doc: dict[str, Any], check_id: str) -> list[tuple[str, str]]:
 
 def edited(**items: dict[str, Any] | None) -> dict[str, Any]:
     """The healthy document with some items replaced (None removes the item)."""
-    doc = healthy()
+    return with_items(healthy(), items)
+
+
+def with_items(doc: dict[str, Any], items: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+    """`doc` with these items replaced (None removes the item)."""
     for item_id, item in items.items():
         if item is None:
             doc["items"].pop(item_id, None)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from evidence_builders import MODEL, command, findings_for, healthy, http_item
+from evidence_builders import MODEL, command, findings_for, healthy, http_item, with_items
 
 from kvops import evidence as ev
 from kvops.probe.main import collect
@@ -79,12 +79,7 @@ def mp_host(**items: dict[str, Any] | None) -> dict[str, Any]:
     doc["items"]["lmcache_server_journal_problems"] = command([*JOURNAL, "--grep", "..."], "")
     doc["items"]["lmcache_server_health"] = http_item(f"{SERVER_URL}/healthcheck", 200, "{}")
     doc["items"]["lmcache_server_metrics"] = http_item(f"{SERVER_URL}/metrics", 200, SERVER_METRICS)
-    for item_id, item in items.items():
-        if item is None:
-            doc["items"].pop(item_id, None)
-        else:
-            doc["items"][item_id] = item
-    return doc
+    return with_items(doc, items)
 
 
 LMCACHE_CONFIG_CHECKS = ("GDS-060", "GDS-061", "GDS-062", "GDS-063", "GDS-064", "GDS-065")
