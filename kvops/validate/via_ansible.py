@@ -26,6 +26,7 @@ from kvops import __version__
 from kvops.errors import KvopsError
 from kvops.remote.collection import checkout_root, collection_env, playbook
 from kvops.remote.inventory import InventoryHost
+from kvops.remote.ssh import MAX_OUTPUT
 from kvops.validate.collect import HostResult, HostStatus, error_evidence
 
 PROBE_TASK = "Kvops | Probe the host"
@@ -52,7 +53,12 @@ class _Watch:
             self.started[host] = time.monotonic()
             return True
         if kind == "runner_on_ok" and isinstance(res.get("evidence"), dict):
-            self.results[host] = (HostStatus.OK, res["evidence"], "")
+            size = len(json.dumps(res["evidence"]))
+            if size > MAX_OUTPUT:  # the direct path's bound on what a host hands back
+                why = f"probe output exceeds {MAX_OUTPUT} bytes ({size})"
+                self.results[host] = (HostStatus.PROBE_FAILED, None, why)
+            else:
+                self.results[host] = (HostStatus.OK, res["evidence"], "")
         elif kind == "runner_on_unreachable" or res.get("unreachable"):
             why = str(res.get("msg") or "unreachable")
             self.results[host] = (HostStatus.UNREACHABLE, None, why[:MAX_REASON_CHARS])

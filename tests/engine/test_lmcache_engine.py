@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from evidence_builders import command, edited, findings_for
+from greedy_requests import greedy_completion, post_json, same_answer
 
 from kvops.parse.prometheus import parse_prometheus_text
 
@@ -49,40 +50,6 @@ CHUNK = 256  # the role's vllm_lmcache_chunk_size
 PREFIX_TOKENS = 1600  # 6 full chunks (1,536 tokens) + 64 tokens LMCache does not store
 STORED = PREFIX_TOKENS // CHUNK * CHUNK
 SEED = 25
-
-
-def _post(url: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(
-        url + path, data=data, method="POST", headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        assert resp.status == 200
-        raw = resp.read()
-    return json.loads(raw) if raw.strip().startswith(b"{") else {}
-
-
-def _complete(url: str, prompt: list[int]) -> dict[str, Any]:
-    """Greedy, with the chosen tokens' logprobs: what must not change when KV comes from LMCache."""
-    doc = _post(
-        url,
-        "/v1/completions",
-        {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 1},
-    )
-    choice = doc["choices"][0]
-    details = doc["usage"].get("prompt_tokens_details") or {}
-    return {
-        "id": doc["id"],
-        "text": choice["text"],
-        "logprobs": choice["logprobs"]["token_logprobs"],
-        "cached_tokens": details.get("cached_tokens") or 0,
-    }
-
-
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a["text"] == b["text"] and all(
-        abs(x - y) < 1e-3 for x, y in zip(a["logprobs"], b["logprobs"], strict=True)
-    )
 
 
 def _counter(url: str, name: str) -> float:
@@ -175,7 +142,7 @@ def test_lmcache_stores_full_chunks_and_returns_the_same_kv_after_a_prefix_cache
     hit0 = _counter(url, "lmcache:num_hit_tokens")
     external0 = _counter(url, "vllm:external_prefix_cache_hits")
 
-    cold = _complete(url, prompt)
+    cold = greedy_completion(url, prompt)
     assert cold["cached_tokens"] == 0, cold
     # only the full chunks: 1,536 of the 1,603 prompt tokens
     stored_line = f"Stored {STORED} out of total {STORED} tokens"
@@ -198,8 +165,8 @@ def test_lmcache_stores_full_chunks_and_returns_the_same_kv_after_a_prefix_cache
         ), name
         assert Path(str(path) + ".metadata").is_file()
 
-    _post(url, "/reset_prefix_cache")
-    warm = _complete(url, prompt)
+    post_json(url + "/reset_prefix_cache")
+    warm = greedy_completion(url, prompt)
     assert warm["cached_tokens"] == STORED, warm  # came back from LMCache, not vLLM's cache
     retrieved_line = f"Retrieved {STORED} out of {STORED} required tokens"
     assert any(retrieved_line in ln for ln in _lmcache_lines(offload_engine, warm["id"]))
@@ -207,9 +174,9 @@ def test_lmcache_stores_full_chunks_and_returns_the_same_kv_after_a_prefix_cache
     assert hits >= STORED
     assert _counter(url, "vllm:external_prefix_cache_hits") - external0 >= STORED
 
-    without = _complete(baseline_engine.url, prompt)  # computed by a vLLM without LMCache
-    assert _same(warm, cold), (warm, cold)
-    assert _same(warm, without), (warm, without)
+    without = greedy_completion(baseline_engine.url, prompt)  # computed by a vLLM without LMCache
+    assert same_answer(warm, cold), (warm, cold)
+    assert same_answer(warm, without), (warm, without)
 
 
 def _smoke_items(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
@@ -231,13 +198,13 @@ def test_a_fresh_process_on_the_same_gds_path_hits_first_and_wrong_kv_fails_smok
     zero_v.wait_ready()
     url = zero_v.url
     assert _counter(url, "lmcache:num_hit_tokens") == 0
-    corrupted = _complete(url, prompt)  # this process's first request
+    corrupted = greedy_completion(url, prompt)  # this process's first request
     assert corrupted["cached_tokens"] == STORED, corrupted  # the KV did come from LMCache
     assert "LMCache hit tokens: 1536" in zero_v.log_text()
     assert _poll_counter(url, "lmcache:num_hit_tokens", STORED) >= STORED
     assert _counter(url, "vllm:external_prefix_cache_hits") >= STORED
-    right = _complete(baseline_engine.url, prompt)
-    assert not _same(corrupted, right), (corrupted, right)
+    right = greedy_completion(baseline_engine.url, prompt)
+    assert not same_answer(corrupted, right), (corrupted, right)
 
     proc = kvops_cli("smoke", "--url", url, *SHORT_SMOKE)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -259,7 +226,7 @@ def test_lmcache_without_its_device_seam_is_healthy_but_degraded_and_validate_an
     it. kvops's GDS-066 reads the engine's real log as the vllm_journal item."""
     no_seam = control_engines["no_seam"]
     no_seam.wait_ready()  # /health 200
-    answer = _complete(no_seam.url, prompt)
+    answer = greedy_completion(no_seam.url, prompt)
     assert answer["cached_tokens"] == 0
     log = no_seam.log_text()
     assert "Failed to initialize LMCacheManager components" in log

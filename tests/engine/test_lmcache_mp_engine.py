@@ -38,6 +38,7 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar, trust_as_template
+from greedy_requests import greedy_completion, post_json, same_answer
 
 from kvops.parse.prometheus import parse_prometheus_text
 
@@ -68,36 +69,6 @@ def _free_port() -> int:
 def _get(url: str, timeout_s: float = 10.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:
         return str(resp.read().decode())
-
-
-def _post(url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(
-        url, data=data, method="POST", headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        raw = resp.read()
-    return json.loads(raw) if raw.strip().startswith(b"{") else {}
-
-
-def _complete(engine: Engine, prompt: list[int]) -> dict[str, Any]:
-    doc = _post(
-        engine.url + "/v1/completions",
-        {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 1},
-    )
-    choice = doc["choices"][0]
-    details = doc["usage"].get("prompt_tokens_details") or {}
-    return {
-        "text": choice["text"],
-        "logprobs": choice["logprobs"]["token_logprobs"],
-        "cached_tokens": details.get("cached_tokens") or 0,
-    }
-
-
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a["text"] == b["text"] and all(
-        abs(x - y) < 1e-3 for x, y in zip(a["logprobs"], b["logprobs"], strict=True)
-    )
 
 
 @dataclass
@@ -328,17 +299,17 @@ def test_store_retrieve_and_a_first_request_hit_from_the_file_tier_after_a_resta
 ) -> None:
     server = mp.server
     assert mp.engine is not None
-    first = _complete(mp.engine, prompt)  # computed by vLLM itself: the reference
+    first = greedy_completion(mp.engine.url, prompt)  # computed by vLLM itself: the reference
     assert first["cached_tokens"] == 0
     stored_log = _poll(lambda: float(len(re.findall(r"Stored \d+ tokens", server.log_text()))), 1.0)
     assert stored_log >= 1, server.log_tail()
     files = _poll(lambda: float(len(_data_files(mp.gds))), STORED // CHUNK)
     assert files >= STORED // CHUNK, f"fs L2 files in {mp.gds}: {sorted(_data_files(mp.gds))}"
 
-    _post(mp.engine.url + "/reset_prefix_cache")
-    second = _complete(mp.engine, prompt)
+    post_json(mp.engine.url + "/reset_prefix_cache")
+    second = greedy_completion(mp.engine.url, prompt)
     assert second["cached_tokens"] >= STORED, second
-    assert _same(first, second), (first, second)
+    assert same_answer(first, second), (first, second)
     assert re.search(r"Retrieved \d+ tokens", server.log_text()), server.log_tail()
     counters = server.counters()
     assert any(v > 0 for k, v in counters.items() if "store" in k), counters
@@ -351,9 +322,9 @@ def test_store_retrieve_and_a_first_request_hit_from_the_file_tier_after_a_resta
     server.start()
     mp.engine = mp.start_engine()
     mp.engine.wait_ready()
-    third = _complete(mp.engine, prompt)
+    third = greedy_completion(mp.engine.url, prompt)
     assert third["cached_tokens"] >= STORED, third
-    assert _same(first, third), (first, third)
+    assert same_answer(first, third), (first, third)
     after = "\n".join(server.log_text().splitlines()[marker:])
     l2_hits = [int(n) for n in re.findall(r"\(0 L1, (\d+) L2\)", after)]
     assert l2_hits and max(l2_hits) >= STORED // CHUNK, after[-3000:]

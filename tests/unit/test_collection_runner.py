@@ -127,3 +127,13 @@ def test_forks_default_to_ansible_forks(monkeypatch: pytest.MonkeyPatch) -> None
     assert _env_forks() == 16
     monkeypatch.delenv("ANSIBLE_FORKS")
     assert _env_forks() == 16
+
+
+def test_an_evidence_document_past_the_direct_paths_bound_is_a_failed_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("kvops.validate.via_ansible.MAX_OUTPUT", 1000)
+    watch = _Watch()
+    watch(_event("runner_on_ok", "big", {"evidence": {"items": {"x": "y" * 2000}}}))
+    status, doc, why = watch.results["big"]
+    assert (status, doc) == (HostStatus.PROBE_FAILED, None) and "exceeds 1000 bytes" in why
