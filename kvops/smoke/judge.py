@@ -411,6 +411,14 @@ def judge_kv_correct(ev: SmokeEvidence, tolerance: float) -> Finding:
             f"greedy answers to the same {check.prompt_tokens:,}-token prompt differ: "
             f"{diff.describe()} ({source}; logprob tolerance {tolerance:g})",
         )
+    if ref.cached_tokens:  # an offload tier already held it (warm storage, a reused --seed)
+        return _finding(
+            "kv_correct",
+            Severity.SKIP,
+            f"the reference was not computed from scratch: {ref.cached_tokens:,} of its "
+            f"{check.prompt_tokens:,} tokens were already cached (an earlier run with the same "
+            "--seed?); run without --seed for a fresh prompt",
+        )
     if loaded == 0:
         return _finding(
             "kv_correct",

@@ -419,3 +419,10 @@ def test_a_service_log_that_could_not_be_read_skips_with_the_reason() -> None:
         json.loads(json.dumps(lmcache_evidence(service_log=log).to_dict()))
     )
     assert again.service_log == log
+
+
+def test_kv_check_cannot_pass_when_its_reference_came_from_a_warm_store() -> None:
+    # the same --seed on a store an earlier run filled: the "cold" answer was loaded too
+    warm = KvCheck(PROMPT, Completion(TOKENS, LOGPROBS, 1792), Completion(TOKENS, LOGPROBS, 1792))
+    item = by_name(judge(lmcache_evidence(kv_check=warm)))["kv_correct"]
+    assert item.severity == "SKIP" and "not computed from scratch" in item.message
