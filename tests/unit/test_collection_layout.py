@@ -73,3 +73,38 @@ def test_build_ignore_leaves_out_every_tracked_top_level_entry_but_the_collectio
     # kvops/ is ignored piecewise, see integration/test_collection_build.py
     assert top - COLLECTION_TOP - {"kvops"} <= ignored, top - COLLECTION_TOP - ignored
     assert not (COLLECTION_TOP & ignored)
+
+
+def _pyproject() -> dict[str, object]:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_one_ansible_core_range_is_declared_everywhere_and_the_installed_core_is_in_it() -> None:
+    """pyproject (what pip installs), meta/runtime.yml (what ansible-galaxy checks) and every
+    role's min_ansible_version name the same supported range; kvops depends on ansible-core, not
+    on the ``ansible`` bundle (only the ``collections`` extra carries it), and the ansible-core
+    this suite runs is inside the range."""
+    from importlib.metadata import version
+
+    from packaging.specifiers import SpecifierSet
+
+    project = _pyproject()["project"]
+    assert isinstance(project, dict)
+    deps = project["dependencies"]
+    core = [d for d in deps if re.match(r"ansible-core\b", d)]
+    assert len(core) == 1
+    assert not [d for d in deps if re.match(r"ansible\s*[<>=~!]", d)], "no bundle at runtime"
+    declared = SpecifierSet(core[0].removeprefix("ansible-core"))
+    runtime = yaml.safe_load((REPO / "meta" / "runtime.yml").read_text())
+    assert SpecifierSet(runtime["requires_ansible"]) == SpecifierSet(
+        ",".join(f"{s.operator}{s.version}.0" for s in declared)
+    )
+    floor = min(s.version for s in declared if s.operator == ">=")
+    for meta in sorted(REPO.glob("roles/*/meta/main.yml")):
+        galaxy_info = yaml.safe_load(meta.read_text())["galaxy_info"]
+        assert str(galaxy_info["min_ansible_version"]) == floor, meta
+    assert version("ansible-core") in declared
+    collections_extra = project["optional-dependencies"]["collections"]
+    assert [d for d in collections_extra if d.startswith("ansible>=")]
