@@ -210,7 +210,8 @@ def test_offline_rejudge_of_saved_bundle_matches(lab: Lab, tmp_path: Path) -> No
     assert live.returncode in (0, 1), live.stderr
     saved = json.loads((tmp_path / "ev" / "healthy.json").read_text())
     assert saved["settings"]["gdsio_args"]["size"] == "64M"
-    assert "XferType: GPUD" in saved["items"]["gdsio_write"]["stdout"]  # recorded via the double
+    write = saved["items"]["gdsio_write"]
+    assert "XferType: GPUD" in write["stdout"], write  # recorded via the double
     assert saved["items"]["nvfs_stats_after_bench"]["stdout"]
     offline = run_validate("--from-evidence", str(tmp_path / "ev"), "--json")
     assert offline.returncode == live.returncode
