@@ -68,30 +68,50 @@ def build_fleet(setup: FleetSetup, instances: int, offload: bool, unlimited: boo
     return Fleet(engines, router, export, PromptHasher(settings.block_size, chunk))
 
 
-def run_fleet_batches(
-    fleet: Fleet, batches: Iterable[list[Request]], send_interval_s: float = 0.0
-) -> list[tuple[int, SimRequestRecord]]:
-    """Closed loop over the fleet: each batch is sent when every instance has finished the
-    previous one, its requests `send_interval_s` apart and routed as they arrive. Returns
-    (instance, record) in request order."""
-    out: list[tuple[int, SimRequestRecord]] = []
+@dataclass(frozen=True)
+class FleetGroup:
+    """Requests released together: `closed`, when every instance has finished the previous
+    group, with `arrivals_s` as offsets from that moment; otherwise at those absolute times.
+    `make(position, arrival_s)` builds a request only when it is routed (a long trace never
+    holds every prompt at once)."""
+
+    arrivals_s: list[float]
+    make: Callable[[int, float], Request]
+    closed: bool = True
+
+
+@dataclass
+class FleetReplay:
+    """(instance, record) of every request simulated, in request order, and those refused."""
+
+    placed: list[tuple[int, SimRequestRecord]] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+
+
+def run_fleet_groups(fleet: Fleet, groups: Iterable[FleetGroup]) -> FleetReplay:
+    """Route each request when virtual time reaches its arrival, and step the instance whose
+    next step starts first, until the group is done."""
+    out = FleetReplay()
     engines = fleet.engines
     in_flight = [0] * len(engines)
-    for batch in batches:
-        start_s = max(e.now_s for e in engines)
-        for position, req in enumerate(batch):
-            req.arrival_s = start_s + position * send_interval_s
+    for group in groups:
+        base_s = max(e.now_s for e in engines) if group.closed else 0.0
         placed: list[tuple[int, str]] = []
         done: dict[str, SimRequestRecord] = {}
-        pending = deque(batch)
+        pending = deque(enumerate(group.arrivals_s))
         while True:
             busy = [(e.next_step_start_s(), i) for i, e in enumerate(engines) if e.has_work()]
             t_next = min(busy) if busy else None
-            if pending and (t_next is None or pending[0].arrival_s <= t_next[0]):
-                req = pending.popleft()
+            if pending and (t_next is None or base_s + pending[0][1] <= t_next[0]):
+                position, offset_s = pending.popleft()
+                req = group.make(position, base_s + offset_s)
                 chunks = fleet.hasher(as_token_array(req.prompt_tokens))[1]
                 i = fleet.router.choose(chunks, in_flight)
-                engines[i].add_request(req)
+                try:
+                    engines[i].add_request(req)
+                except ValueError as exc:  # longer than the context or the KV pool
+                    out.rejected.append(f"{req.request_id}: {exc}")
+                    continue
                 in_flight[i] += 1
                 placed.append((i, req.request_id))
                 continue
@@ -102,8 +122,26 @@ def run_fleet_batches(
             if step is not None:
                 in_flight[i] -= len(step.finished)
                 done.update((rec.request_id, rec) for rec in step.finished)
-        out.extend((i, done[rid]) for i, rid in placed)
+        out.placed.extend((i, done[rid]) for i, rid in placed)
     return out
+
+
+def run_fleet_batches(
+    fleet: Fleet, batches: Iterable[list[Request]], send_interval_s: float = 0.0
+) -> list[tuple[int, SimRequestRecord]]:
+    """Closed loop over the fleet: each batch is sent when every instance has finished the
+    previous one, its requests `send_interval_s` apart. Returns (instance, record) in request
+    order."""
+
+    def group(batch: list[Request]) -> FleetGroup:
+        def make(position: int, arrival_s: float) -> Request:
+            req = batch[position]
+            req.arrival_s = arrival_s
+            return req
+
+        return FleetGroup([k * send_interval_s for k in range(len(batch))], make)
+
+    return run_fleet_groups(fleet, (group(b) for b in batches)).placed
 
 
 @dataclass(frozen=True)
@@ -165,12 +203,18 @@ def run_arm(
     fleet = build_fleet(setup, instances, offload, unlimited)
     fleet_shape = dataclasses.replace(shape, batch_size=shape.batch_size * instances)
     placed = run_fleet_batches(fleet, seed_batches(scenario, fleet_shape), shape.send_interval_s)
-    skip = skip_iterations * fleet_shape.batch_size
-    measured = placed[skip:]
+    return measure(fleet, placed[skip_iterations * fleet_shape.batch_size :], setup.storage)
+
+
+def measure(
+    fleet: Fleet, measured: list[tuple[int, SimRequestRecord]], storage: StorageProfile
+) -> FleetRun:
+    """The fleet's figures over the `measured` records, each instance's, and the export's (its
+    traffic over the whole run, warm-up included)."""
+    instances = len(fleet.engines)
     fleet_summary = summarize([rec for _, rec in measured])
     end_s = max(e.now_s for e in fleet.engines)
     export = fleet.export
-    storage = setup.storage
     per: list[InstanceFigures] = []
     for i in range(instances):
         mine = [rec for j, rec in measured if j == i]
