@@ -118,13 +118,13 @@ def fleet_lines(points: list[FleetPoint], storage: StorageProfile, title: str) -
     nodes = ", ".join(f"{name} {_pct(v)}" for name, v in last.offload.node_busy.items())
     lines.append(f"export nodes busy over the run: {nodes}")
     lines.append("")
-    lines.append(_verdict(last))
+    lines.append(verdict_line(last))
     bounds = export_bounds(storage, points[0].offload)
     lines.extend(_limit_lines(points, bounds))
     return lines
 
 
-def _verdict(p: FleetPoint) -> str:
+def verdict_line(p: FleetPoint) -> str:
     free = p.unlimited.fleet.total_token_throughput_tok_s
     if p.export_limited:
         return (
