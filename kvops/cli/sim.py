@@ -432,7 +432,7 @@ def _run_fleet(
     as_json: bool,
 ) -> None:
     from kvops.sim.export import ExportError, SharedExport
-    from kvops.sim.fleet import FleetSetup, run_points
+    from kvops.sim.fleet import FleetSetup, probe_export_limit, run_points
     from kvops.sim.fleet_report import fleet_doc, fleet_lines
     from kvops.sim.router import PrefixPolicy
 
@@ -451,12 +451,13 @@ def _run_fleet(
         router, PrefixPolicy(balance_abs_threshold=balance_abs_threshold), opts["seed"],
     )  # fmt: skip
     points = run_points(setup, opts["scenario"], shape, sizes, opts["warmup_iterations"])
+    probes = probe_export_limit(setup, opts["scenario"], shape, points, opts["warmup_iterations"])
     header: dict[str, Any] = {
         "scenario": opts["scenario"], "model": opts["model"], "gpu": opts["gpu"],
         "storage": opts["storage"], "router": router, "shape": dataclasses.asdict(shape),
     }  # fmt: skip
     if as_json:
-        click.echo(json.dumps(fleet_doc(points, storage, header), indent=2))
+        click.echo(json.dumps(fleet_doc(points, storage, header, probes), indent=2))
         return
     title = (
         f"{opts['scenario']} on a fleet of {opts['gpu']} x {opts['model']}, {router} router, "
@@ -465,7 +466,7 @@ def _run_fleet(
         f"GB/s write; each host's link {storage.read_bandwidth_gb_s:g} GB/s read); "
         f"{shape.batch_size} requests per instance per batch"
     )
-    click.echo("\n".join(fleet_lines(points, storage, title)))
+    click.echo("\n".join(fleet_lines(points, storage, title, probes)))
 
 
 @sim.command()

@@ -319,6 +319,42 @@ def export_bounds(storage: StorageProfile, run: FleetRun) -> ExportBounds | None
     )
 
 
-def first_export_limited(points: Iterable[FleetPoint]) -> int | None:
-    """The smallest simulated fleet size the export limits, if any."""
-    return next((p.instances for p in points if p.export_limited), None)
+@dataclass(frozen=True)
+class LimitProbe:
+    """The offload arm at one larger fleet size, on the export and on one without limits."""
+
+    instances: int
+    export_cost_pct: float
+
+    @property
+    def export_limited(self) -> bool:
+        return self.export_cost_pct > EXPORT_LIMIT_PCT
+
+
+def probe_export_limit(
+    setup: FleetSetup,
+    scenario: str,
+    shape: SeedShape,
+    points: list[FleetPoint],
+    skip_iterations: int = 1,
+    max_instances: int = 64,
+) -> list[LimitProbe]:
+    """When no simulated point is export-limited, double the largest fleet until one is, or
+    until the closed-form mean-demand bound (past it the export cannot keep up on average, so it
+    limits by then) or `max_instances` is passed. Empty when a point already is limited."""
+    if not points or any(p.export_limited for p in points):
+        return []
+    bounds = export_bounds(setup.storage, points[-1].offload)
+    ceiling = min(max_instances, bounds.on_average if bounds else max_instances)
+    probes: list[LimitProbe] = []
+    n = points[-1].instances * 2
+    while n <= ceiling:
+        real = run_arm(setup, scenario, shape, n, True, skip_iterations)
+        free = run_arm(setup, scenario, shape, n, True, skip_iterations, unlimited=True)
+        f = free.fleet.total_token_throughput_tok_s
+        cost = (1.0 - real.fleet.total_token_throughput_tok_s / f) * 100.0 if f > 0 else 0.0
+        probes.append(LimitProbe(n, cost))
+        if probes[-1].export_limited:
+            break
+        n *= 2
+    return probes

@@ -17,8 +17,8 @@ from kvops.sim.fleet import (
     ExportBounds,
     FleetPoint,
     FleetRun,
+    LimitProbe,
     export_bounds,
-    first_export_limited,
 )
 from kvops.sim.profiles import StorageProfile
 
@@ -49,10 +49,26 @@ def bottleneck(point: FleetPoint) -> str:
     return "export" if point.export_limited else "gpu"
 
 
+def limit_range(
+    points: list[FleetPoint], probes: list[LimitProbe]
+) -> tuple[int | None, int | None]:
+    """(largest fleet size simulated that the export does not limit, smallest that it does)."""
+    sizes = [(p.instances, p.export_limited) for p in points]
+    sizes += [(q.instances, q.export_limited) for q in probes]
+    first = next((n for n, limited in sizes if limited), None)
+    below = [n for n, limited in sizes if not limited and (first is None or n < first)]
+    return (below[-1] if below else None), first
+
+
 def fleet_doc(
-    points: list[FleetPoint], storage: StorageProfile, header: dict[str, Any]
+    points: list[FleetPoint],
+    storage: StorageProfile,
+    header: dict[str, Any],
+    probes: list[LimitProbe] | None = None,
 ) -> dict[str, Any]:
-    bounds = export_bounds(storage, points[0].offload) if points else None
+    bounds = export_bounds(storage, points[-1].offload) if points else None
+    probes = probes or []
+    fine, limited = limit_range(points, probes)
     return {
         **header,
         "export": {
@@ -75,7 +91,9 @@ def fleet_doc(
             }
             for p in points
         ],
-        "export_limited_from_instances": first_export_limited(points),
+        "export_limit_probes": [dataclasses.asdict(q) for q in probes],
+        "export_not_limited_at_instances": fine,
+        "export_limited_from_instances": limited,
         "export_bounds": dataclasses.asdict(bounds) if bounds else None,
     }
 
@@ -84,7 +102,12 @@ def _pct(share: float) -> str:
     return f"{share * 100:.0f}%"
 
 
-def fleet_lines(points: list[FleetPoint], storage: StorageProfile, title: str) -> list[str]:
+def fleet_lines(
+    points: list[FleetPoint],
+    storage: StorageProfile,
+    title: str,
+    probes: list[LimitProbe] | None = None,
+) -> list[str]:
     lines = [title]
     lines.append(
         f"{'instances':>9} {'baseline tok/s':>15} {'offload tok/s':>14} {'gain':>7} "
@@ -119,8 +142,8 @@ def fleet_lines(points: list[FleetPoint], storage: StorageProfile, title: str) -
     lines.append(f"export nodes busy over the run: {nodes}")
     lines.append("")
     lines.append(verdict_line(last))
-    bounds = export_bounds(storage, points[0].offload)
-    lines.extend(_limit_lines(points, bounds))
+    bounds = export_bounds(storage, last.offload)
+    lines.extend(_limit_lines(points, probes or [], bounds))
     return lines
 
 
@@ -139,22 +162,26 @@ def verdict_line(p: FleetPoint) -> str:
     )
 
 
-def _limit_lines(points: list[FleetPoint], bounds: ExportBounds | None) -> list[str]:
+def _limit_lines(
+    points: list[FleetPoint], probes: list[LimitProbe], bounds: ExportBounds | None
+) -> list[str]:
     lines = []
-    first = first_export_limited(points)
-    if first is not None:
-        below = [p.instances for p in points if p.instances < first]
-        since = f"between {below[-1]} and {first}" if below else f"at {first} or fewer"
-        lines.append(f"the export's bandwidth starts to limit throughput {since} instances")
-    elif len(points) > 1:
-        lines.append(f"the export does not limit throughput up to {points[-1].instances} instances")
+    fine, limited = limit_range(points, probes)
+    tried = ", ".join(f"{q.export_cost_pct:.1f}% at {q.instances}" for q in probes)
+    how = f" (offload arm alone at larger fleets; export cost {tried})" if probes else ""
+    if limited is not None:
+        since = f"between {fine} and {limited}" if fine is not None else f"at {limited} or fewer"
+        lines.append(f"the export's bandwidth starts to limit throughput {since} instances{how}")
+    else:
+        top = max([p.instances for p in points] + [q.instances for q in probes])
+        lines.append(f"the export does not limit throughput up to {top} instances{how}")
     if bounds is not None:
         lines.append(
             f"closed form: the export ({bounds.read_capacity_gb_s:g} GB/s read, "
-            f"{bounds.write_capacity_gb_s:g} GB/s write) carries {bounds.all_at_once:.1f} "
-            f"instances all reading at link speed at once, and {bounds.on_average:.1f} at this "
-            f"workload's mean demand ({bounds.mean_read_gb_s_per_instance:.2f} GB/s read, "
-            f"{bounds.mean_write_gb_s_per_instance:.2f} GB/s write per instance, from "
-            f"{points[0].instances} instance(s)): the limit lies between"
+            f"{bounds.write_capacity_gb_s:g} GB/s write) keeps up with {bounds.all_at_once:.1f} "
+            f"instances all reading at link speed at once, and with {bounds.on_average:.1f} at "
+            f"this workload's mean demand ({bounds.mean_read_gb_s_per_instance:.2f} GB/s read, "
+            f"{bounds.mean_write_gb_s_per_instance:.2f} GB/s write per instance at "
+            f"{points[-1].instances}); the simulated limit lies between the two"
         )
     return lines

@@ -11,7 +11,15 @@ from click.testing import CliRunner
 
 from kvops.cli.sim import sim
 from kvops.sim.export import BIN_S, ExportError, NodeBudget, SharedExport
-from kvops.sim.fleet import FleetSetup, build_fleet, run_arm, run_fleet_batches
+from kvops.sim.fleet import (
+    FleetSetup,
+    build_fleet,
+    probe_export_limit,
+    run_arm,
+    run_fleet_batches,
+    run_points,
+)
+from kvops.sim.fleet_report import fleet_lines, limit_range
 from kvops.sim.lmcache_config import LMCacheSettings, gds_offload_keys
 from kvops.sim.model import EngineSettings, build_engine
 from kvops.sim.profiles import load_gpu, load_model, load_storage
@@ -131,6 +139,8 @@ def test_cli_fleet_run_reports_reuse_the_export_and_the_bottleneck() -> None:
     }  # fmt: skip
     assert two["bottleneck"] in ("gpu", "export")
     assert doc["export_bounds"]["all_at_once"] > 0
+    limit = doc["export_limited_from_instances"]
+    assert limit is None or limit > doc["export_not_limited_at_instances"]
     text = CliRunner().invoke(sim, args)
     assert text.exit_code == 0, text.output
     assert "bottleneck at 2 instances" in text.output and "closed form" in text.output
@@ -141,3 +151,23 @@ def test_cli_fleet_run_reports_reuse_the_export_and_the_bottleneck() -> None:
     assert alone.exit_code == 0 and alone.output == same.output
     local = CliRunner().invoke(sim, [*args, "--storage", "local-nvme"])
     assert local.exit_code == 2 and "export_nodes" in local.output
+
+
+def test_the_limit_search_doubles_the_fleet_until_the_export_limits_it() -> None:
+    """Each node as fast as one host's link: one instance is never held back, a few are."""
+    setup = _setup(node_read_bandwidth_gb_s=21.25, node_write_bandwidth_gb_s=18.75)
+    points = run_points(setup, "multi-prefix", SHAPE, [1])
+    assert not points[0].export_limited
+    probes = probe_export_limit(setup, "multi-prefix", SHAPE, points)
+    assert probes and probes[-1].export_limited
+    assert all(not q.export_limited for q in probes[:-1])
+    assert [q.instances for q in probes] == [2 * 2**k for k in range(len(probes))]
+    fine, limited = limit_range(points, probes)
+    assert limited == probes[-1].instances and fine is not None and fine < limited
+    text = "\n".join(fleet_lines(points, setup.storage, "t", probes))
+    assert f"starts to limit throughput between {fine} and {limited} instances" in text
+    # a point already limited needs no search
+    slow = _setup(node_read_bandwidth_gb_s=1.0, node_write_bandwidth_gb_s=1.0)
+    limited_points = run_points(slow, "multi-prefix", SHAPE, [2])
+    assert limited_points[0].export_limited
+    assert probe_export_limit(slow, "multi-prefix", SHAPE, limited_points) == []
