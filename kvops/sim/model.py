@@ -23,6 +23,8 @@ Python API::
 Profiles may be names (see `kvops.sim.profiles.known_names`), paths to YAML files, or profile
 objects (`dataclasses.replace(load_storage(...), read_bandwidth_gb_s=...)` for a sweep).
 Closed-loop batches (each sent when the previous finished): `kvops.sim.seed_workloads.run_batches`.
+Several engines sharing one storage export behind a router: `kvops.sim.fleet` (`build_engine(...,
+export=SharedExport(...), instance=i)` makes one of them).
 Physics helpers: `engine.costs` (`CostModel`: `kv_capacity_tokens`, `step_time_s`,
 `break_even_read_bandwidth_gb_s(prefix_tokens)`), `engine.cache.num_blocks`, `engine.stats`.
 Incremental use (the server): `engine.add_request(req)`, then `engine.step()` repeatedly while
