@@ -12,6 +12,7 @@ bottleneck, beside the single-instance advice.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,19 @@ from kvops.sim.fleet import (
     run_fleet_groups,
 )
 from kvops.sim.fleet_report import bottleneck, verdict_line
+from kvops.sim.profiles import StorageProfile
 from kvops.sim.records import Request
+
+
+def with_export(measured: StorageProfile, named: StorageProfile) -> StorageProfile:
+    """A host link measured by gdsio (`--storage-from-evidence`) with the export's node figures
+    of the named profile: one host's bench says nothing of what the nodes serve to many."""
+    return dataclasses.replace(
+        measured,
+        export_nodes=named.export_nodes,
+        node_read_bandwidth_gb_s=named.node_read_bandwidth_gb_s,
+        node_write_bandwidth_gb_s=named.node_write_bandwidth_gb_s,
+    )
 
 
 @dataclass(frozen=True)

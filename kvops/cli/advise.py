@@ -301,6 +301,11 @@ def trace_command(
     if as_json and as_markdown:
         raise click.UsageError("choose one of --json and --markdown")
     model_p, gpu_p, storage_p, storage_notes = load_profiles(model, gpu, storage, evidence_dir)
+    if instances > 1 and evidence_dir is not None:
+        from kvops.advise.fleet import with_export
+
+        storage_p = with_export(storage_p, load_storage(storage))
+        storage_notes.append(f"fleet: the export's nodes from --storage {storage}")
     if instances > 1 and storage_p.export_nodes is None:
         raise click.BadParameter(
             f"storage '{storage_p.name}' is no shared export (export_nodes unset): "

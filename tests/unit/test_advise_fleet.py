@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from kvops.advise.fleet import with_export
 from kvops.cli import main
+from kvops.sim.profiles import StorageProfile, load_storage
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +45,20 @@ def test_advise_instances_adds_the_fleet(tmp_path: Path) -> None:
         main, ["advise", spec, "--quick", "--instances", "2", "--storage", "local-nvme"]
     )
     assert local.exit_code == 2 and "shared export" in local.output
+
+
+def test_measured_link_keeps_the_named_exports_nodes(tmp_path: Path) -> None:
+    """A gdsio bench measures one host's link; the nodes come from --storage."""
+    named = load_storage("ontap-nfs-rdma-400g")
+    measured = StorageProfile("measured:h", 5.0, 4.0, 100.0, None)
+    merged = with_export(measured, named)
+    assert (merged.read_bandwidth_gb_s, merged.io_latency_us) == (5.0, 100.0)
+    assert merged.export_nodes == named.export_nodes
+    assert merged.node_read_bandwidth_gb_s == named.node_read_bandwidth_gb_s
+    bundle = Path(__file__).parent.parent / "fixtures" / "evidence" / "healthy"
+    args = ["advise", str(_spec(tmp_path)), "--quick", "--instances", "2", "--json"]
+    result = CliRunner().invoke(main, [*args, "--storage-from-evidence", str(bundle)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["fleet"]["instances"] == 2
+    assert any("export's nodes from --storage" in n for n in doc["notes"])
