@@ -151,6 +151,9 @@ def test_cli_fleet_run_reports_reuse_the_export_and_the_bottleneck() -> None:
     assert alone.exit_code == 0 and alone.output == same.output
     local = CliRunner().invoke(sim, [*args, "--storage", "local-nvme"])
     assert local.exit_code == 2 and "export_nodes" in local.output
+    for bad in (["--instances", "0"], ["--instances", "2,x"], ["--cpu-tier-gb", "1"]):
+        refused = CliRunner().invoke(sim, [*args, *bad])
+        assert refused.exit_code == 2, refused.output
 
 
 def test_the_limit_search_doubles_the_fleet_until_the_export_limits_it() -> None:
