@@ -290,7 +290,8 @@ def run_points(
 
 @dataclass(frozen=True)
 class ExportBounds:
-    """Closed-form bounds on the fleet size the export carries, from one point's demand:
+    """Closed-form bounds on the fleet size the export carries, from what one fleet asks of it
+    (its run on an export without limits, so the demand is not already held back):
     `all_at_once` instances when every host reads at its link's full rate at the same time
     (closed-loop batches start together), `on_average` instances at the mean read and write
     rates. The export starts to limit somewhere between."""
@@ -344,7 +345,7 @@ def probe_export_limit(
     limits by then) or `max_instances` is passed. Empty when a point already is limited."""
     if not points or any(p.export_limited for p in points):
         return []
-    bounds = export_bounds(setup.storage, points[-1].offload)
+    bounds = export_bounds(setup.storage, points[-1].unlimited)
     ceiling = min(max_instances, bounds.on_average if bounds else max_instances)
     probes: list[LimitProbe] = []
     n = points[-1].instances * 2

@@ -66,7 +66,7 @@ def fleet_doc(
     header: dict[str, Any],
     probes: list[LimitProbe] | None = None,
 ) -> dict[str, Any]:
-    bounds = export_bounds(storage, points[-1].offload) if points else None
+    bounds = export_bounds(storage, points[-1].unlimited) if points else None
     probes = probes or []
     fine, limited = limit_range(points, probes)
     return {
@@ -142,7 +142,7 @@ def fleet_lines(
     lines.append(f"export nodes busy over the run: {nodes}")
     lines.append("")
     lines.append(verdict_line(last))
-    bounds = export_bounds(storage, last.offload)
+    bounds = export_bounds(storage, last.unlimited)
     lines.extend(_limit_lines(points, probes or [], bounds))
     return lines
 
@@ -181,7 +181,7 @@ def _limit_lines(
             f"{bounds.write_capacity_gb_s:g} GB/s write) keeps up with {bounds.all_at_once:.1f} "
             f"instances all reading at link speed at once, and with {bounds.on_average:.1f} at "
             f"this workload's mean demand ({bounds.mean_read_gb_s_per_instance:.2f} GB/s read, "
-            f"{bounds.mean_write_gb_s_per_instance:.2f} GB/s write per instance at "
+            f"{bounds.mean_write_gb_s_per_instance:.2f} GB/s write per instance asked by "
             f"{points[-1].instances}); the simulated limit lies between the two"
         )
     return lines
