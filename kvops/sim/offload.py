@@ -282,7 +282,8 @@ class OffloadTier:
         first, last = start_token // self.chunk_size, (end_token - 1) // self.chunk_size
         wanted = chunk_hashes[first : last + 1]
         tokens = end_token - start_token
-        nbytes = self.chunk_bytes * tokens / self.chunk_size
+        count = len(wanted)  # the same float expression as one engine's `load_time_s`
+        nbytes = self.chunk_bytes * count * tokens / (count * self.chunk_size)
         level = self.levels[0]
         ios = len(wanted) * self.files_per_chunk
         link_s = transfer_time_s(level.storage, nbytes, ios, self.io_parallelism, True)
