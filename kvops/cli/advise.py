@@ -243,6 +243,15 @@ def _progress_stage(enabled: bool) -> tuple[Progress | None, Stage | None]:
     "flip search on 2 of the windows); a longer spec runs ranges on its first this many.",
 )  # fmt: skip
 @click.option("--quick", is_flag=True, help="Nominal arms only: no ranges, no flip-point search.")
+@click.option(
+    "--instances", default=1, show_default=True, type=click.IntRange(min=1),
+    help="Also replay the traffic over this many instances sharing the --storage export "
+    "(cross-instance hits, export load, bottleneck).",
+)  # fmt: skip
+@click.option(
+    "--router", type=click.Choice(["round-robin", "prefix"]), default="round-robin",
+    show_default=True, help="With --instances: how requests are spread over them.",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the report as Markdown.")
 def trace_command(
@@ -260,6 +269,8 @@ def trace_command(
     strict: bool,
     sample_requests: int,
     quick: bool,
+    instances: int,
+    router: str,
     as_json: bool,
     as_markdown: bool,
 ) -> None:
@@ -277,6 +288,7 @@ def trace_command(
       kvops advise multi-shared-prefix
       kvops advise trace.jsonl --storage ontap-nfs-rdma-400g --json
       kvops advise runs/ab1/records.jsonl --markdown > advice.md
+      kvops advise multi-shared-prefix --instances 4 --router prefix
     """
     from kvops.advise.analysis import AdviseOptions, analyse
     from kvops.advise.arms import Profiles
@@ -289,6 +301,17 @@ def trace_command(
     if as_json and as_markdown:
         raise click.UsageError("choose one of --json and --markdown")
     model_p, gpu_p, storage_p, storage_notes = load_profiles(model, gpu, storage, evidence_dir)
+    if instances > 1 and evidence_dir is not None:
+        from kvops.advise.fleet import with_export
+
+        storage_p = with_export(storage_p, load_storage(storage))
+        storage_notes.append(f"fleet: the export's nodes from --storage {storage}")
+    if instances > 1 and storage_p.export_nodes is None:
+        raise click.BadParameter(
+            f"storage '{storage_p.name}' is no shared export (export_nodes unset): "
+            "--instances needs one",
+            param_hint="--instances",
+        )
     read = ReadOptions(strict, hash_block_tokens, output_tokens)
     workload = load_workload(trace, read, model_p.vocab_size, model_p.hf_name)  # TraceError
     workload.notes.extend(storage_notes)
@@ -315,9 +338,21 @@ def trace_command(
     except EngineError as exc:  # also a KvopsError: say which part could not run
         raise KvopsError(f"cannot simulate this setup: {exc}") from exc
     result = make_advice(analysis)
+    fleet = None
+    if instances > 1:
+        from kvops.advise.fleet import fleet_advice, fleet_dict, fleet_lines
+
+        fleet = fleet_advice(workload, builder, profiles, options, instances, router)
     if as_json:
-        click.echo(json.dumps(report_dict(analysis, result), indent=2, default=str))
+        doc = report_dict(analysis, result)
+        if fleet is not None:
+            doc["fleet"] = fleet_dict(fleet)
+        click.echo(json.dumps(doc, indent=2, default=str))
     elif as_markdown:
         click.echo(markdown(analysis, result), nl=False)
+        if fleet is not None:
+            click.echo("\n## Fleet\n\n" + "\n".join(f"    {ln}" for ln in fleet_lines(fleet)))
     else:
         click.echo("\n".join(terminal_lines(analysis, result)))
+        if fleet is not None:
+            click.echo("\n" + "\n".join(fleet_lines(fleet)))

@@ -221,12 +221,26 @@ def serve(**opts: Any) -> None:
         raise KvopsError(f"cannot serve on {where}: {exc}") from exc
 
 
+# The workload presets of `kvops ab-test` and `kvops advise` by the seed scenario of their shape.
+_PRESET_SCENARIOS = {
+    "unique-one-shot": "unique",
+    "single-shared-prefix": "one-prefix",
+    "multi-shared-prefix": "multi-prefix",
+}
+
+
+def _scenario(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    return _PRESET_SCENARIOS.get(value, value)
+
+
 _SHAPE_OPTIONS = [
     click.option(
         "--scenario",
-        type=click.Choice(["unique", "one-prefix", "multi-prefix"]),
+        type=click.Choice(["unique", "one-prefix", "multi-prefix", *_PRESET_SCENARIOS]),
         default="multi-prefix",
         show_default=True,
+        callback=_scenario,
+        help="A seed scenario, or the ab-test preset of the same shape.",
     ),
     click.option("--model", default="llama-3.1-8b", show_default=True),
     click.option("--gpu", default="h100-sxm-80gb", show_default=True),
@@ -324,21 +338,71 @@ def _arm_settings(opts: dict[str, Any]) -> Callable[[bool], EngineSettings]:
     return settings
 
 
+def _instances(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    try:
+        sizes = sorted({int(v) for v in value.split(",") if v.strip()})
+    except ValueError:
+        raise click.BadParameter("give N or N1,N2,... (whole numbers)") from None
+    if not sizes or sizes[0] < 1:
+        raise click.BadParameter("give one or more instance counts of 1 or more")
+    return sizes
+
+
 @sim.command()
 @_shape_options
-def run(**opts: Any) -> None:
+@click.option(
+    "--instances",
+    default="1",
+    show_default=True,
+    callback=_instances,
+    help="Engine instances sharing the storage export (N, or N1,N2,... to sweep); each gets "
+    "the load of one (--batch-size per instance). 1: the single engine, as always.",
+)
+@click.option(
+    "--router",
+    type=click.Choice(["round-robin", "prefix"]),
+    default="round-robin",
+    show_default=True,
+    help="How requests are spread over the instances: in turn, or prefix-aware (vLLM's "
+    "production router's cache-aware policy).",
+)
+@click.option(
+    "--balance-abs-threshold",
+    default=64,
+    show_default=True,
+    type=click.IntRange(0),
+    help="--router prefix: route to the idlest instance once the busiest has this "
+    "many more requests in flight (and 1.5 times as many), as vllm-router.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (a single instance always prints JSON)."
+)
+def run(
+    instances: list[int], router: str, balance_abs_threshold: int, as_json: bool, **opts: Any
+) -> None:
     """Run a seed scenario in virtual time, baseline and offload arms, and print JSON
     (throughput, mean TTFT and ITL, cache hits; the first --warmup-iterations left out, requests
     shuffled within an iteration: the protocol of `kvops ab-test`).
+
+    With --instances N (or a list to sweep), N engines behind a router share one storage
+    export: it prints each fleet size's throughput, the share of loaded chunks another instance
+    had stored, how busy the export's nodes were, what the export's bandwidth cost (against the
+    same fleet on an export without limits), the bottleneck, and where the export starts to
+    limit. README "Predicting a fleet" says how to read it.
 
     \b
     Examples:
       kvops sim run --scenario multi-prefix --storage ontap-nfs-rdma-400g
       kvops sim run --num-prefixes 8 --output-tokens 256 --request-order cyclic
+      kvops sim run --scenario multi-shared-prefix --instances 4
+      kvops sim run --instances 1,2,4,8,16 --router prefix --json
     """
     from kvops.sim.seed_workloads import run_batches, seed_batches, summarize
 
     shape = _shape(opts)
+    if instances != [1]:
+        _run_fleet(opts, shape, instances, router, balance_abs_threshold, as_json)
+        return
     model, gpu, storage, scenario = opts["model"], opts["gpu"], opts["storage"], opts["scenario"]
     out: dict[str, Any] = {"scenario": scenario, "model": model, "gpu": gpu, "storage": storage}
     out["shape"] = dataclasses.asdict(shape)
@@ -357,6 +421,52 @@ def run(**opts: Any) -> None:
         }  # fmt: skip
     json.dump(out, sys.stdout, indent=2)
     click.echo()
+
+
+def _run_fleet(
+    opts: dict[str, Any],
+    shape: SeedShape,
+    sizes: list[int],
+    router: str,
+    balance_abs_threshold: int,
+    as_json: bool,
+) -> None:
+    from kvops.sim.export import ExportError, SharedExport
+    from kvops.sim.fleet import FleetSetup, probe_export_limit, run_points
+    from kvops.sim.fleet_report import fleet_doc, fleet_lines
+    from kvops.sim.router import PrefixPolicy
+
+    storage = load_storage(opts["storage"])
+    try:
+        SharedExport(storage, 1)
+    except ExportError as exc:
+        raise click.BadParameter(str(exc), param_hint="--storage") from None
+    if opts["cpu_tier_gb"] > 0:
+        raise click.BadParameter(
+            "a CPU tier in front of a shared export is not modelled for several instances",
+            param_hint="--cpu-tier-gb",
+        )
+    setup = FleetSetup(
+        load_model(opts["model"]), load_gpu(opts["gpu"]), storage, _arm_settings(opts),
+        router, PrefixPolicy(balance_abs_threshold=balance_abs_threshold), opts["seed"],
+    )  # fmt: skip
+    points = run_points(setup, opts["scenario"], shape, sizes, opts["warmup_iterations"])
+    probes = probe_export_limit(setup, opts["scenario"], shape, points, opts["warmup_iterations"])
+    header: dict[str, Any] = {
+        "scenario": opts["scenario"], "model": opts["model"], "gpu": opts["gpu"],
+        "storage": opts["storage"], "router": router, "shape": dataclasses.asdict(shape),
+    }  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(fleet_doc(points, storage, header, probes), indent=2))
+        return
+    title = (
+        f"{opts['scenario']} on a fleet of {opts['gpu']} x {opts['model']}, {router} router, "
+        f"one export ({storage.name}: {storage.export_nodes} nodes x "
+        f"{storage.node_read_bandwidth_gb_s:g} GB/s read, {storage.node_write_bandwidth_gb_s:g} "
+        f"GB/s write; each host's link {storage.read_bandwidth_gb_s:g} GB/s read); "
+        f"{shape.batch_size} requests per instance per batch"
+    )
+    click.echo("\n".join(fleet_lines(points, storage, title, probes)))
 
 
 @sim.command()

@@ -23,6 +23,8 @@ Python API::
 Profiles may be names (see `kvops.sim.profiles.known_names`), paths to YAML files, or profile
 objects (`dataclasses.replace(load_storage(...), read_bandwidth_gb_s=...)` for a sweep).
 Closed-loop batches (each sent when the previous finished): `kvops.sim.seed_workloads.run_batches`.
+Several engines sharing one storage export behind a router: `kvops.sim.fleet` (`build_engine(...,
+export=SharedExport(...), instance=i)` makes one of them).
 Physics helpers: `engine.costs` (`CostModel`: `kv_capacity_tokens`, `step_time_s`,
 `break_even_read_bandwidth_gb_s(prefix_tokens)`), `engine.cache.num_blocks`, `engine.stats`.
 Incremental use (the server): `engine.add_request(req)`, then `engine.step()` repeatedly while
@@ -44,6 +46,7 @@ from collections.abc import Iterable
 
 from kvops.sim.costs import GIB, MIB, CostModel
 from kvops.sim.engine import Engine, EngineError, EngineSettings
+from kvops.sim.export import SharedExport
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.offload import OffloadTier
 from kvops.sim.profiles import (
@@ -75,9 +78,12 @@ def build_engine(
     gpu: str | GpuProfile = "h100-sxm-80gb",
     storage: str | StorageProfile = "ontap-nfs-rdma-200g",
     settings: EngineSettings | None = None,
+    export: SharedExport | None = None,
+    instance: int = 0,
 ) -> Engine:
     """An engine from profiles (names, YAML paths, or profile objects, e.g. a storage profile
-    with a swept bandwidth) and settings; ProfileError on a bad name."""
+    with a swept bandwidth) and settings; ProfileError on a bad name. With `export`, the engine
+    is instance `instance` of a fleet whose offload tiers share that export (`kvops.sim.fleet`)."""
     settings = settings or EngineSettings()
     model_p = load_model(model) if isinstance(model, str) else model
     gpu_p = load_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -95,6 +101,8 @@ def build_engine(
             costs.kv_bytes_per_token,
             settings.tensor_parallel_size,
             settings.kv_capacity_scale,
+            export,
+            instance,
         )
         reserved = settings.gds_buffer_reserved_mib * 1024**2
     if settings.kv_cache_memory_bytes:

@@ -8,6 +8,11 @@ least-recently-used chunks. Writes are queued on each level's write channel: a c
 loadable only once its write has finished (writes land in time order through a heap, and a
 landed chunk joins a dict, so a lookup is one C-level pass). Loads block the engine step that
 needs them, as the connector's `start_load_kv` does without async loading.
+
+A tier given a `SharedExport` (one per fleet, see `export.py`) is one instance's view of a GDS
+path several instances share: its index is the export's (a chunk another instance stored is a hit
+once its file has landed), and its transfers also book the export's node bandwidth. Without one,
+nothing here changes.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass, field
 from itertools import islice, takewhile
 
 from kvops.sim.costs import transfer_time_s
+from kvops.sim.export import ExportError, SharedExport
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.profiles import StorageProfile
 
@@ -54,6 +60,8 @@ class OffloadTier:
         kv_bytes_per_token: int,
         world_size: int,
         capacity_scale: float = 1.0,
+        export: SharedExport | None = None,
+        instance: int = 0,
     ) -> None:
         self.settings = settings
         self.capacity_scale = capacity_scale
@@ -80,6 +88,23 @@ class OffloadTier:
         self._in_flight: list[tuple[float, int, int, list[int]]] = []  # (ready, seq, level, hashes)
         self._seq = 0
         self.epoch = 0
+        self.export = export
+        self.instance = instance
+        self._now_s = 0.0
+        self._read_free_s = 0.0  # when this host's link finishes its last read (export mode)
+        if export is not None:
+            self._join(export)
+
+    def _join(self, export: SharedExport) -> None:
+        """Share the export's index: readable chunks, landed files, writes in flight."""
+        if [lv.name for lv in self.levels] != ["gds"]:
+            raise ExportError(
+                "a fleet's offload tier is the shared GDS path alone (a CPU or local-disk tier "
+                "in front of it is not modelled for several instances)"
+            )
+        self.levels[0].landed = export.landed
+        self._readable = export.readable
+        self._in_flight = export.in_flight
 
     def _chunks(self, size_gb: float) -> int:
         """Capacity in chunks; scaled like the GPU pool (`kv_capacity_scale`) so a scaled-down
@@ -133,6 +158,12 @@ class OffloadTier:
     def advance(self, now_s: float) -> int:
         """Land the writes finished by `now_s`; returns the epoch (changes whenever the set of
         readable chunks does)."""
+        export = self.export
+        if export is not None:
+            self._now_s = now_s
+            if export.in_flight and export.in_flight[0][0] <= now_s:
+                export.land(now_s)
+            return export.epoch
         if self._in_flight and self._in_flight[0][0] <= now_s:
             self._land(now_s)
         return self.epoch
@@ -154,6 +185,8 @@ class OffloadTier:
         (levels are ordered fastest first); call after `lookup_tokens` at the same time."""
         if end_token <= start_token:
             return 0.0
+        if self.export is not None:
+            return self._export_load_time_s(self.export, chunk_hashes, start_token, end_token)
         first, last = start_token // self.chunk_size, (end_token - 1) // self.chunk_size
         wanted = chunk_hashes[first : last + 1]
         per_level = [0] * len(self.levels)
@@ -184,7 +217,11 @@ class OffloadTier:
         return time_s
 
     def is_stored(self, h: int) -> bool:
-        """Stored or being written on some level (LMCache skips a put it already has)."""
+        """Stored or being written on some level (LMCache skips a put it already has). On a
+        shared export: written by this instance, or landed from any (another instance's write
+        in flight is not yet a file this one can see)."""
+        if self.export is not None:
+            return h in self._known or h in self._readable
         return h in self._known
 
     def store(
@@ -192,6 +229,8 @@ class OffloadTier:
     ) -> tuple[float, list[int]]:
         """Queue writes of the chunks not stored yet at the end of a step. Returns the time the
         step itself must wait (the write time when blocking, else 0) and the new chunks."""
+        if self.export is not None:
+            return self._export_store(self.export, chunk_hashes, step_end_s, blocking)
         known = self._known
         new = [h for h in chunk_hashes if h not in known]
         if not new:
@@ -221,9 +260,71 @@ class OffloadTier:
         level = self.persistent_level
         if level is None:
             return
+        if self.export is not None:
+            for h in chunk_hashes:
+                self._known[h] = 1
+            heapq.heappush(self._in_flight, (float("-inf"), -1, -1, list(chunk_hashes)))
+            self.export.land(float("-inf"))
+            return
         idx = self.levels.index(level)
         fresh = [h for h in chunk_hashes if h not in self._known]
         for h in fresh:
             self._known[h] = self._known.get(h, 0) + 1
         heapq.heappush(self._in_flight, (float("-inf"), -1, idx, fresh))
         self._land(float("-inf"))
+
+    # ----- one instance of a fleet sharing an export (see export.py) -----------------------
+    def _export_load_time_s(
+        self, export: SharedExport, chunk_hashes: list[int], start_token: int, end_token: int
+    ) -> float:
+        """A load on a shared export: this host's link time, as for one engine, plus whatever the
+        export's nodes add; the load starts when the host's previous read has ended."""
+        first, last = start_token // self.chunk_size, (end_token - 1) // self.chunk_size
+        wanted = chunk_hashes[first : last + 1]
+        tokens = end_token - start_token
+        count = len(wanted)  # the same float expression as one engine's `load_time_s`
+        nbytes = self.chunk_bytes * count * tokens / (count * self.chunk_size)
+        level = self.levels[0]
+        ios = len(wanted) * self.files_per_chunk
+        link_s = transfer_time_s(level.storage, nbytes, ios, self.io_parallelism, True)
+        start_s = max(self._now_s, self._read_free_s)
+        wait_s = export.transfer(export.read_nodes, wanted, nbytes, start_s, link_s)
+        self._read_free_s = start_s + link_s + wait_s
+        io = export.io[self.instance]
+        io.read_bytes += nbytes
+        io.loaded_chunks += len(wanted)
+        me = self.instance
+        writer = export.writer
+        io.cross_instance_chunks += sum(1 for h in wanted if writer.get(h, me) != me)
+        io.export_wait_s += wait_s
+        self.stats.read_bytes += nbytes
+        self.stats.retrieve_requests += 1
+        self.stats.requested_tokens += tokens
+        self.stats.hit_tokens += tokens
+        return link_s + wait_s
+
+    def _export_store(
+        self, export: SharedExport, chunk_hashes: list[int], step_end_s: float, blocking: bool
+    ) -> tuple[float, list[int]]:
+        """Writes on a shared export: queued on this host's link as for one engine, and booked
+        on the nodes holding the files; a chunk already landed from any instance is skipped."""
+        new = list(dict.fromkeys(h for h in chunk_hashes if not self.is_stored(h)))
+        if not new:
+            return 0.0, new
+        level = self.levels[0]
+        nbytes = self.chunk_bytes * len(new)
+        ios = len(new) * self.files_per_chunk
+        write_s = transfer_time_s(level.storage, nbytes, ios, self.io_parallelism, False)
+        start = step_end_s if blocking else max(level.write_free_s, step_end_s)
+        write_s += export.transfer(export.write_nodes, new, nbytes, start, write_s)
+        done = start + write_s
+        level.write_free_s = done
+        export.seq += 1
+        heapq.heappush(export.in_flight, (done, export.seq, self.instance, new))
+        for h in new:
+            self._known[h] = 1
+        export.io[self.instance].write_bytes += nbytes
+        self.stats.store_requests += 1
+        self.stats.stored_tokens += len(new) * self.chunk_size
+        self.stats.write_bytes += nbytes
+        return (write_s if blocking else 0.0), new

@@ -82,6 +82,17 @@ class StorageProfile:
     write_bandwidth_gb_s: float = _positive("Usable write bandwidth, GB/s.")
     io_latency_us: float = spec_field(minimum=0, help="Round trip added per chunk I/O, us.")
     capacity_gb: float | None = spec_field(above=0, help="Capacity, GB (null: no cap).")
+    # The export's own side, shared by every host mounting it (`kvops sim run --instances N`);
+    # the figures above are one host's link. Null: not a shared export (e.g. a local drive).
+    export_nodes: int | None = spec_field(
+        None, minimum=1, help="Storage nodes serving the shared export's files (null: not shared)."
+    )
+    node_read_bandwidth_gb_s: float | None = spec_field(
+        None, above=0, help="Read bandwidth one storage node serves to all hosts, GB/s."
+    )
+    node_write_bandwidth_gb_s: float | None = spec_field(
+        None, above=0, help="Write bandwidth one storage node takes from all hosts, GB/s."
+    )
 
 
 P = TypeVar("P", GpuProfile, ModelProfile, StorageProfile)
