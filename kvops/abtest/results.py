@@ -26,6 +26,7 @@ from kvops.abtest.metrics import (
     overall_verdict,
 )
 from kvops.abtest.predict import fidelity_warnings, predict_run
+from kvops.abtest.prediction import load_prediction, score_run
 from kvops.abtest.result_types import (
     ArmDescription,
     BatchFigures,
@@ -38,6 +39,7 @@ from kvops.abtest.result_types import (
     ScenarioResult,
 )
 from kvops.abtest.rundir import RunDir
+from kvops.abtest.score import PredictionScore
 from kvops.abtest.validity import check_scenario
 from kvops.loadgen.runner import ClientStats, judge_client
 from kvops.workload.record import RequestRecord, iter_jsonl, read_records
@@ -304,5 +306,16 @@ def build_results(
         client=client_summary(run_dir, records),
         model_prediction=prediction,
         deploy=deploy,
+        prediction_score=_prediction_score(run_dir, scenarios),
     )
     return ResultSet(results, measured)
+
+
+def _prediction_score(
+    run_dir: RunDir, scenarios: dict[str, ScenarioResult]
+) -> PredictionScore | None:
+    """The prediction written before the run, scored against what was measured."""
+    first = load_prediction(run_dir.path)
+    if first is None:
+        return None
+    return score_run(first, {name: sc.comparisons for name, sc in scenarios.items()})
