@@ -214,13 +214,17 @@ def capacity_crossing(sweep: Sweep, points: list[PointResult]) -> str | None:
     below = [p for p in known if p.value < first.value]
     where = (
         f"between {sweep.param} = {sweep.label(below[-1].value)} and {sweep.label(first.value)}"
-        f" (at about {sweep.param} = {_crossing(below[-1], first):.3g}, linearly between them)"
         if below
         else f"at {sweep.param} = {sweep.label(first.value)} already"
     )
+    about = (
+        f"; at about {sweep.param} = {_crossing(below[-1], first):.3g}, linear between the two"
+        if below
+        else ""
+    )
     return (
         f"the working set outgrows the GPU KV capacity {where} ({first.working_set_tokens:,} > "
-        f"{first.gpu_kv_capacity_tokens:,} tokens)"
+        f"{first.gpu_kv_capacity_tokens:,} tokens{about})"
     )
 
 

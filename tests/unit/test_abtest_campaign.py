@@ -104,7 +104,7 @@ def test_where_the_working_set_outgrows_the_gpu_is_said_beside_the_crossover() -
     text = capacity_crossing(sweep, pts)
     assert text == (
         "the working set outgrows the GPU KV capacity between num_prefixes = 5 and 20 "
-        "(32,120 > 19,008 tokens)"
+        "(32,120 > 19,008 tokens; at about num_prefixes = 8.51, linear between the two)"
     )
     assert "fits the GPU KV capacity at every" in str(capacity_crossing(sweep, pts[:2]))
     assert capacity_crossing(sweep, [PointResult(1, "a", "pending")]) is None
