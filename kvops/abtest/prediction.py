@@ -58,6 +58,9 @@ from kvops.workload.spec import WorkloadSpec
 PREDICTION_FILE = "prediction.json"
 # The metrics predicted and scored: the figures the model's fidelity is judged on.
 SCORED_METRICS = FIDELITY_METRICS
+# Requests the model replays before a run at most (all scenarios, trials and both arms): at
+# 1-2 ms of CPU each, a prediction must not hold the run up for more than about a minute.
+MAX_PREDICTED_REQUESTS = 40_000
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,13 @@ def predict_deltas(
     if any(s.rate is not None for s in scenarios):
         return RunPrediction(
             profiles, unavailable="rate mode is not replayed in virtual time (batch mode only)"
+        )
+    replays = 2 * options.trials * sum(s.total_requests for s in scenarios)
+    if replays > MAX_PREDICTED_REQUESTS:
+        return RunPrediction(
+            profiles,
+            unavailable=f"{replays:,} requests to replay, more than the "
+            f"{MAX_PREDICTED_REQUESTS:,} a prediction before the run may take",
         )
     arms = _arm_settings(profiles, sim, scale)
     alphabet = Alphabet.from_vocab_size(profiles.model.vocab_size)

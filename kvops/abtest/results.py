@@ -39,7 +39,6 @@ from kvops.abtest.result_types import (
     ScenarioResult,
 )
 from kvops.abtest.rundir import RunDir
-from kvops.abtest.score import PredictionScore
 from kvops.abtest.validity import check_scenario
 from kvops.loadgen.runner import ClientStats, judge_client
 from kvops.workload.record import RequestRecord, iter_jsonl, read_records
@@ -281,6 +280,10 @@ def build_results(
             f"(e.g. {r.request_id} on {r.arm}: {r.prompt_tokens} vs {r.intended_prompt_tokens} "
             "tokens): the server tokenizes these prompts differently"
         )
+    # the prediction written before the run (kvops.abtest.prediction), scored below
+    written_first = load_prediction(run_dir.path)
+    if written_first is not None and written_first.unavailable:
+        warnings.append(f"no prediction was made before the run: {written_first.unavailable}")
     broken = broken_arms(measured)
     if broken and status == "complete":
         status = "invalid"
@@ -306,16 +309,10 @@ def build_results(
         client=client_summary(run_dir, records),
         model_prediction=prediction,
         deploy=deploy,
-        prediction_score=_prediction_score(run_dir, scenarios),
+        prediction_score=score_run(
+            written_first, {n: sc.comparisons for n, sc in scenarios.items()}
+        )
+        if written_first is not None
+        else None,
     )
     return ResultSet(results, measured)
-
-
-def _prediction_score(
-    run_dir: RunDir, scenarios: dict[str, ScenarioResult]
-) -> PredictionScore | None:
-    """The prediction written before the run, scored against what was measured."""
-    first = load_prediction(run_dir.path)
-    if first is None:
-        return None
-    return score_run(first, {name: sc.comparisons for name, sc in scenarios.items()})

@@ -4,21 +4,27 @@ claims, the campaign's pooled score, and results.json with and without it (issue
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from kvops.abtest.campaign import PointResult, campaign_score
+from kvops.abtest.embedded import SimProfile
+from kvops.abtest.experiment import Options
 from kvops.abtest.prediction import (
+    MAX_PREDICTED_REQUESTS,
     PredictionProfiles,
     RunPrediction,
     ScenarioPrediction,
+    predict_deltas,
     predicted_verdict,
     score_run,
 )
 from kvops.abtest.result_types import Comparison, RunResults
 from kvops.abtest.score import MetricScore, PredictionScore, Score, score_metrics, summarize
 from kvops.sim.profiles import load_gpu, load_model, load_storage
+from kvops.workload.spec import load_preset
 
 pytestmark = pytest.mark.unit
 
@@ -131,3 +137,25 @@ def test_results_json_carries_the_score_and_older_documents_still_read() -> None
     assert back.prediction_score.score.mean_abs_error_pp == pytest.approx(5.0)
     assert back.to_text() == text
     assert json.loads(text)["prediction_score"]["verdict_agreement_share"] == 1.0
+
+
+def test_the_prediction_follows_the_storage_it_is_given() -> None:
+    spec = load_preset("multi-shared-prefix").scaled(0.02)
+    options = Options(trials=2, seed=7)
+    arms = ["baseline", "offload"]
+    fast = predict_deltas([spec], arms, options, _profiles(), SimProfile(), 0.02)
+    primary = fast.scenarios[spec.name].metrics["total_token_throughput_tok_s"]
+    assert primary["verdict"] == "helps"  # 20 prefixes overflow the GPU; storage is fast
+    crawl = dataclasses.replace(_profiles(), storage=dataclasses.replace(
+        _profiles().storage, read_bandwidth_gb_s=0.05))  # fmt: skip
+    slow = predict_deltas([spec], arms, options, crawl, SimProfile(), 0.02)
+    slow_primary = slow.scenarios[spec.name].metrics["total_token_throughput_tok_s"]
+    assert slow_primary["delta_pct"] < primary["delta_pct"] and slow_primary["verdict"] == "hurts"
+    rate = dataclasses.replace(spec, rate=4.0)
+    assert "rate mode" in str(
+        predict_deltas([rate], arms, options, _profiles(), None, 1).unavailable
+    )
+    huge = dataclasses.replace(spec, iterations=MAX_PREDICTED_REQUESTS)
+    assert "more than" in str(
+        predict_deltas([huge], arms, options, _profiles(), None, 1).unavailable
+    )
