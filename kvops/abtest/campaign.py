@@ -228,6 +228,45 @@ def capacity_crossing(sweep: Sweep, points: list[PointResult]) -> str | None:
     )
 
 
+def capacity_bracket(points: list[PointResult]) -> tuple[float | None, float] | None:
+    """(last measured value whose working set fits, first that outgrows the GPU KV capacity);
+    None when none outgrows it (or nothing is known)."""
+    known = sorted(
+        (p for p in points if p.working_set_tokens is not None and p.gpu_kv_capacity_tokens),
+        key=lambda p: p.value,
+    )
+    over = [p for p in known if (p.working_set_tokens or 0) > (p.gpu_kv_capacity_tokens or 0)]
+    if not over:
+        return None
+    below = [p.value for p in known if p.value < over[0].value]
+    return (below[-1] if below else None, over[0].value)
+
+
+def crossover_vs_capacity(
+    sweep: Sweep, crossover: Crossover | None, points: list[PointResult]
+) -> str | None:
+    """Does offload start to pay where the working set outgrows the GPU KV capacity? The
+    crossover's bracket against the capacity's, on the sweep's grid (None: nothing to compare)."""
+    cap = capacity_bracket(points)
+    if crossover is None or crossover.value is None or cap is None:
+        return None
+    if (crossover.after, crossover.value) == cap:
+        return (
+            "the crossover and the capacity crossing fall between the same two points: offload "
+            "starts to pay where the working set outgrows the GPU KV capacity"
+        )
+    if crossover.value <= (cap[0] if cap[0] is not None else cap[1]):
+        return (
+            f"offload helps already at {sweep.param} = {sweep.label(crossover.value)}, before "
+            "the working set outgrows the GPU KV capacity: something else than reuse beyond "
+            "GPU memory differs between the arms"
+        )
+    return (
+        f"offload starts to help only above {sweep.param} = {sweep.label(cap[1])}, where the "
+        "working set has already outgrown the GPU KV capacity: loading costs part of the gain"
+    )
+
+
 def _crossing(fits: PointResult, over: PointResult) -> float:
     """Where working set minus capacity crosses zero, linear between two measured points."""
     g_fits = (fits.working_set_tokens or 0) - (fits.gpu_kv_capacity_tokens or 0)
@@ -246,6 +285,7 @@ class Campaign:
     points: list[PointResult] = field(default_factory=list)
     crossover: Crossover | None = None
     capacity: str | None = None  # capacity_crossing's sentence
+    agreement: str | None = None  # crossover_vs_capacity's sentence
     prediction: Score | None = None  # the prediction's score over the scored points
 
     def to_json(self) -> dict[str, Any]:
@@ -258,6 +298,7 @@ class Campaign:
             "points": [dataclasses.asdict(p) for p in self.points],
             "crossover": dataclasses.asdict(self.crossover) if self.crossover else None,
             "gpu_capacity": self.capacity,
+            "crossover_vs_capacity": self.agreement,
             "prediction_score": self.prediction.to_json() if self.prediction else None,
         }
 
@@ -317,6 +358,8 @@ def campaign_markdown(c: Campaign) -> str:
         out += ["", f"**Crossover**: {c.crossover.text}."]
     if c.capacity:
         out += ["", f"**GPU memory**: {c.capacity}."]
+    if c.agreement:
+        out += ["", f"**Crossover vs GPU memory**: {c.agreement}."]
     if c.prediction is not None:
         out += [
             "",
@@ -387,6 +430,7 @@ def run_campaign(
     campaign.points = points
     campaign.crossover = find_crossover(campaign.sweep, points)
     campaign.capacity = capacity_crossing(campaign.sweep, points)
+    campaign.agreement = crossover_vs_capacity(campaign.sweep, campaign.crossover, points)
     campaign.prediction = campaign_score(points)
     campaign.save(root)
     (root / "campaign.md").write_text(campaign_markdown(campaign))

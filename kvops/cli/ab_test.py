@@ -447,6 +447,8 @@ def _show_campaign(
         shown.print(f"[bold]crossover:[/] {markup(c.crossover.text)}")
     if c.capacity:
         shown.print(f"[bold]GPU memory:[/] {markup(c.capacity)}")
+    if c.agreement:
+        shown.print(f"[bold]crossover vs GPU memory:[/] {markup(c.agreement)}")
     if c.prediction is not None:
         shown.print(f"[bold]prediction (made before each point):[/] {c.prediction.text()}")
     err.print(

@@ -63,6 +63,7 @@ def test_a_mis_set_prediction_is_scored_and_calibration_improves_it_on_held_back
     assert campaign["gpu_capacity"].startswith(
         "the working set outgrows the GPU KV capacity between num_prefixes = 5 and 20"
     )
+    assert campaign["crossover_vs_capacity"].startswith("the crossover and the capacity crossing")
 
     # hold back the largest point: fit on the others, predict beyond them
     seed = next(s for s in range(100) if hold_out(len(VALUES), 1, s) == [len(VALUES) - 1])
