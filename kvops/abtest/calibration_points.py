@@ -68,6 +68,8 @@ def run_points(path: Path) -> list[MeasuredPoint]:
         sim = SimProfile(**run["sim"]) if run.get("embedded") and run.get("sim") else None
     except (KvopsError, OSError, TypeError, KeyError, ResultsFormatError) as exc:
         raise PointsError(f"{path}: cannot read this run ({exc})") from None
+    if doc.status != "complete":
+        raise PointsError(f"{path}: the run is {doc.status}, not complete: resume it first")
     arms = [str(a["name"]) for a in run["arms"]]
     out = []
     for spec in specs:
@@ -86,24 +88,31 @@ def run_points(path: Path) -> list[MeasuredPoint]:
     return out
 
 
-def load_points(paths: list[Path]) -> list[MeasuredPoint]:
-    """Every measured point under the given run or campaign directories, in order."""
+def load_points(paths: list[Path]) -> tuple[list[MeasuredPoint], list[str]]:
+    """Every measured point under the given run or campaign directories, in order, and a
+    note for each campaign point left out (not finished). A run directory given by itself
+    must be complete."""
     out: list[MeasuredPoint] = []
+    notes: list[str] = []
     for path in paths:
         if not path.is_dir():
             raise PointsError(f"{path}: no such run directory")
-        if is_campaign(path):
-            campaign = Campaign.load(path)
-            subs = [path / campaign.sweep.point_dir(v) for v in campaign.sweep.values]
-            found = [p for sub in subs if (sub / "results.json").is_file() for p in run_points(sub)]
-            if not found:
-                raise PointsError(f"{path}: no point of this campaign ({CAMPAIGN_FILE}) finished")
-            out += found
-        else:
+        if not is_campaign(path):
             out += run_points(path)
+            continue
+        campaign = Campaign.load(path)
+        found: list[MeasuredPoint] = []
+        for sub in (path / campaign.sweep.point_dir(v) for v in campaign.sweep.values):
+            try:
+                found += run_points(sub)
+            except PointsError as exc:
+                notes.append(f"left out: {exc}")
+        if not found:
+            raise PointsError(f"{path}: no point of this campaign ({CAMPAIGN_FILE}) finished")
+        out += found
     if not out:
         raise PointsError("no measured point in " + ", ".join(str(p) for p in paths))
-    return out
+    return out, notes
 
 
 def start_profiles(points: list[MeasuredPoint]) -> PredictionProfiles:

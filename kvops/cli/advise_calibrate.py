@@ -137,7 +137,10 @@ def write_profiles(c: Calibration, out: Path) -> list[Path]:
     "--hold-out", "held", type=click.IntRange(1), default=None,
     help="Points held back from the fit and scored on [default: a third, at least one].",
 )  # fmt: skip
-@click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
+@click.option(
+    "--seed", type=click.IntRange(0), default=0, show_default=True,
+    help="Seeds which points are held back and the search's random sample.",
+)  # fmt: skip
 @click.option(
     "--max-evals", type=click.IntRange(2), default=48, show_default=True,
     help="Evaluations of the fit's objective (each predicts every fitted point once).",
@@ -172,7 +175,9 @@ def calibrate_command(
       kvops advise multi-shared-prefix --gpu site-profiles/gpu.yaml \\
           --storage site-profiles/storage.yaml
     """
-    points = load_points(list(run_dirs))  # PointsError: exit 2, one line
+    points, notes = load_points(list(run_dirs))  # PointsError: exit 2, one line
+    for note in notes:
+        click.echo(f"warning: {note}", err=True)
     start = start_profiles(points)
     if gpu is not None or storage is not None:  # ProfileError: exit 2, one line
         start = PredictionProfiles(
