@@ -162,6 +162,9 @@ def predict_first(req: AbTestRequest, run_dir: RunDir, hooks: Hooks) -> None:
     prediction that cannot be made is written as unavailable, with why: it never stops a run."""
     if load_prediction(run_dir.path) is not None:
         return
+    records = run_dir.records_path
+    if records.is_file() and records.stat().st_size > 0:
+        return  # a run from before predictions: one made now would not be made first
     hooks.on_segment("predicting the run with the simulator")
     profiles = req.predict_profiles
     arm_names = [a.name for a in req.arms] or ["baseline", "offload"]
