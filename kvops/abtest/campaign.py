@@ -30,6 +30,7 @@ from typing import Any
 from kvops.abtest.experiment import Hooks
 from kvops.abtest.metrics import PRIMARY_METRIC
 from kvops.abtest.result_types import ResultsFormatError, RunResults
+from kvops.abtest.score import Score
 from kvops.abtest.session import AbTestRequest, prepare, run_ab_test
 from kvops.errors import KvopsError
 from kvops.workload.spec import WorkloadSpec, WorkloadSpecError, spec_from_dict
@@ -100,6 +101,12 @@ class PointResult:
     working_set_tokens: int | None = None
     gpu_kv_capacity_tokens: int | None = None
     verdict_note: str | None = None
+    # the prediction written before the point ran, scored after (kvops.abtest.score)
+    predicted_delta_pct: float | None = None  # primary metric
+    prediction_error_pp: float | None = None  # mean abs error over the point's scored deltas
+    prediction_deltas: int = 0
+    prediction_verdicts_agree: int = 0
+    prediction_verdicts: int = 0
 
 
 @dataclass
@@ -122,7 +129,7 @@ def point_result(value: float, run_dir: Path) -> PointResult:
     cand = doc.arm_names[1] if len(doc.arm_names) > 1 else None
     c = sc.comparison(PRIMARY_METRIC, cand)
     checks = sc.checks
-    return PointResult(
+    point = PointResult(
         value, str(run_dir), doc.status, sc.verdict,
         c.delta_pct if c else None, c.ci95_low_pct if c else None,
         c.ci95_high_pct if c else None,
@@ -130,6 +137,34 @@ def point_result(value: float, run_dir: Path) -> PointResult:
         checks.gpu_kv_capacity_tokens if checks else None,
         checks.verdict_note if checks else None,
     )  # fmt: skip
+    scored = doc.prediction_score.scenarios if doc.prediction_score else {}
+    if scored:
+        (sc_score,) = scored.values()
+        s = sc_score.score
+        point.prediction_error_pp, point.prediction_deltas = s.mean_abs_error_pp, s.deltas_compared
+        point.prediction_verdicts = s.verdicts_compared
+        point.prediction_verdicts_agree = round(
+            (s.verdict_agreement_share or 0) * s.verdicts_compared
+        )
+        point.predicted_delta_pct = next(
+            (m.predicted_delta_pct for m in sc_score.metrics if m.metric == PRIMARY_METRIC), None
+        )
+    return point
+
+
+def campaign_score(points: list[PointResult]) -> Score | None:
+    """The prediction's score over every scored point (as `kvops.abtest.score.summarize`
+    would give over all their deltas): the error weighted by each point's deltas."""
+    scored = [p for p in points if p.prediction_deltas and p.prediction_error_pp is not None]
+    verdicts = sum(p.prediction_verdicts for p in points)
+    if not scored and not verdicts:
+        return None
+    deltas = sum(p.prediction_deltas for p in scored)
+    error = sum((p.prediction_error_pp or 0.0) * p.prediction_deltas for p in scored)
+    agree = sum(p.prediction_verdicts_agree for p in points)
+    return Score(
+        error / deltas if deltas else None, deltas, agree / verdicts if verdicts else None, verdicts
+    )
 
 
 def find_crossover(sweep: Sweep, points: list[PointResult]) -> Crossover:
@@ -182,10 +217,61 @@ def capacity_crossing(sweep: Sweep, points: list[PointResult]) -> str | None:
         if below
         else f"at {sweep.param} = {sweep.label(first.value)} already"
     )
+    about = (
+        f"; at about {sweep.param} = {_crossing(below[-1], first):.3g}, linear between the two"
+        if below
+        else ""
+    )
     return (
         f"the working set outgrows the GPU KV capacity {where} ({first.working_set_tokens:,} > "
-        f"{first.gpu_kv_capacity_tokens:,} tokens)"
+        f"{first.gpu_kv_capacity_tokens:,} tokens{about})"
     )
+
+
+def capacity_bracket(points: list[PointResult]) -> tuple[float | None, float] | None:
+    """(last measured value whose working set fits, first that outgrows the GPU KV capacity);
+    None when none outgrows it (or nothing is known)."""
+    known = sorted(
+        (p for p in points if p.working_set_tokens is not None and p.gpu_kv_capacity_tokens),
+        key=lambda p: p.value,
+    )
+    over = [p for p in known if (p.working_set_tokens or 0) > (p.gpu_kv_capacity_tokens or 0)]
+    if not over:
+        return None
+    below = [p.value for p in known if p.value < over[0].value]
+    return (below[-1] if below else None, over[0].value)
+
+
+def crossover_vs_capacity(
+    sweep: Sweep, crossover: Crossover | None, points: list[PointResult]
+) -> str | None:
+    """Does offload start to pay where the working set outgrows the GPU KV capacity? The
+    crossover's bracket against the capacity's, on the sweep's grid (None: nothing to compare)."""
+    cap = capacity_bracket(points)
+    if crossover is None or crossover.value is None or cap is None:
+        return None
+    if (crossover.after, crossover.value) == cap:
+        return (
+            "the crossover and the capacity crossing fall between the same two points: offload "
+            "starts to pay where the working set outgrows the GPU KV capacity"
+        )
+    if crossover.value <= (cap[0] if cap[0] is not None else cap[1]):
+        return (
+            f"offload helps already at {sweep.param} = {sweep.label(crossover.value)}, before "
+            "the working set outgrows the GPU KV capacity: something else than reuse beyond "
+            "GPU memory differs between the arms"
+        )
+    return (
+        f"offload starts to help only above {sweep.param} = {sweep.label(cap[1])}, where the "
+        "working set has already outgrown the GPU KV capacity: loading costs part of the gain"
+    )
+
+
+def _crossing(fits: PointResult, over: PointResult) -> float:
+    """Where working set minus capacity crosses zero, linear between two measured points."""
+    g_fits = (fits.working_set_tokens or 0) - (fits.gpu_kv_capacity_tokens or 0)
+    g_over = (over.working_set_tokens or 0) - (over.gpu_kv_capacity_tokens or 0)
+    return fits.value + (over.value - fits.value) * -g_fits / (g_over - g_fits)
 
 
 @dataclass
@@ -199,6 +285,8 @@ class Campaign:
     points: list[PointResult] = field(default_factory=list)
     crossover: Crossover | None = None
     capacity: str | None = None  # capacity_crossing's sentence
+    agreement: str | None = None  # crossover_vs_capacity's sentence
+    prediction: Score | None = None  # the prediction's score over the scored points
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -210,6 +298,8 @@ class Campaign:
             "points": [dataclasses.asdict(p) for p in self.points],
             "crossover": dataclasses.asdict(self.crossover) if self.crossover else None,
             "gpu_capacity": self.capacity,
+            "crossover_vs_capacity": self.agreement,
+            "prediction_score": self.prediction.to_json() if self.prediction else None,
         }
 
     @classmethod
@@ -240,8 +330,9 @@ def campaign_markdown(c: Campaign) -> str:
         "",
         f"Each point is an ABBA A/B of its own (sub-run linked); primary metric {PRIMARY_METRIC}.",
         "",
-        f"| {p_} | verdict | Δ throughput | 95% CI | working set / GPU KV tokens | run |",
-        "|---|---|---|---|---|---|",
+        f"| {p_} | verdict | Δ throughput | 95% CI | predicted Δ | prediction error "
+        "| working set / GPU KV tokens | run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in c.points:
         delta = "—" if p.delta_pct is None else f"{p.delta_pct:+.1f}%"
@@ -257,12 +348,38 @@ def campaign_markdown(c: Campaign) -> str:
         verdict = (p.verdict or p.status) + (f" ({p.verdict_note})" if p.verdict_note else "")
         name = Path(p.run_dir).name
         link = f"[{name}]({name}/report.md)"
-        out.append(f"| {c.sweep.label(p.value)} | {verdict} | {delta} | {ci} | {fit} | {link} |")
+        pred = "—" if p.predicted_delta_pct is None else f"{p.predicted_delta_pct:+.1f}%"
+        err = point_error_text(p)
+        out.append(
+            f"| {c.sweep.label(p.value)} | {verdict} | {delta} | {ci} | {pred} | {err} | {fit} "
+            f"| {link} |"
+        )
     if c.crossover is not None:
         out += ["", f"**Crossover**: {c.crossover.text}."]
     if c.capacity:
         out += ["", f"**GPU memory**: {c.capacity}."]
+    if c.agreement:
+        out += ["", f"**Crossover vs GPU memory**: {c.agreement}."]
+    if c.prediction is not None:
+        out += [
+            "",
+            f"**Prediction** (written before each point ran; {SCORE_NOTE}): {c.prediction.text()}.",
+        ]
     return "\n".join(out) + "\n"
+
+
+SCORE_NOTE = (
+    "error = |predicted - measured| delta of throughput, mean TTFT and mean ITL, in percentage "
+    "points"
+)
+
+
+def point_error_text(p: PointResult) -> str:
+    """A point's prediction error and verdict agreement, e.g. "12.3 pp, 2/3 agree"."""
+    if p.prediction_error_pp is None:
+        return "—"
+    agree = f"{p.prediction_verdicts_agree}/{p.prediction_verdicts} agree"
+    return f"{p.prediction_error_pp:.1f} pp, {agree}"
 
 
 DONE_STATUSES = ("complete", "invalid")  # measured to the end (invalid: an arm broke)
@@ -313,6 +430,8 @@ def run_campaign(
     campaign.points = points
     campaign.crossover = find_crossover(campaign.sweep, points)
     campaign.capacity = capacity_crossing(campaign.sweep, points)
+    campaign.agreement = crossover_vs_capacity(campaign.sweep, campaign.crossover, points)
+    campaign.prediction = campaign_score(points)
     campaign.save(root)
     (root / "campaign.md").write_text(campaign_markdown(campaign))
     return CampaignOutcome(campaign, interrupted)

@@ -32,6 +32,7 @@ from kvops.abtest.result_types import ArmMetrics, PredictedFigures, Prediction, 
 from kvops.abtest.rundir import RunDir
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.model import Engine, EngineSettings, build_engine
+from kvops.sim.profiles import GpuProfile, ModelProfile, StorageProfile
 from kvops.sim.records import Request, SimRequestRecord
 from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
 from kvops.workload.record import RequestRecord
@@ -54,6 +55,16 @@ class EmbeddedArm:
 
     name: str
     settings: EngineSettings
+
+
+@dataclass(frozen=True)
+class CostProfiles:
+    """The profiles the model's costs come from: names, YAML paths, or profile objects (a
+    prediction from measured storage or from calibrated figures)."""
+
+    model: str | ModelProfile
+    gpu: str | GpuProfile
+    storage: str | StorageProfile
 
 
 SendKey = tuple[str, str, str]  # (scenario, arm, planned request id)
@@ -80,7 +91,7 @@ def predict(
     arms: list[EmbeddedArm],
     options: Options,
     alphabet: Alphabet,
-    profile: Mapping[str, str],
+    profile: Mapping[str, str] | CostProfiles,
     time_scale: float,
     sent: Mapping[SendKey, float] | None = None,
 ) -> dict[str, dict[str, ArmMetrics]] | None:
@@ -91,9 +102,13 @@ def predict(
     sent = sent or {}
     if alphabet.is_text or any(s.rate is not None for s in scenarios):
         return None
+    costs = (
+        profile
+        if isinstance(profile, CostProfiles)
+        else CostProfiles(profile["model"], profile["gpu"], profile["storage"])
+    )
     engines: dict[str, Engine] = {
-        a.name: build_engine(profile["model"], profile["gpu"], profile["storage"], a.settings)
-        for a in arms
+        a.name: build_engine(costs.model, costs.gpu, costs.storage, a.settings) for a in arms
     }
     plan_arms = [Arm(a.name, "embedded") for a in arms]
     records: dict[tuple[str, str], list[RequestRecord]] = {}

@@ -44,6 +44,13 @@ Schema (versioned; additions only within a version):
            bottleneck_reason}
   model_prediction: {<scenario>: {<arm>: {total_token_throughput_tok_s, mean_ttft_ms,
                      mean_itl_ms}}}      (embedded engines only: the model in virtual time)
+  prediction_score: {definition, source (the prediction's profiles), mean_abs_error_pp,
+                     deltas_compared, verdict_agreement_share, verdicts_compared,
+                     scenarios: {<scenario>: {baseline_arm, candidate_arm, mean_abs_error_pp,
+                       deltas_compared, verdict_agreement_share, verdicts_compared,
+                       metrics: [{metric, predicted_delta_pct, measured_delta_pct, error_pp,
+                                  predicted_verdict, measured_verdict, verdicts_agree}]}}}
+                     (runs whose prediction.json was written before they ran; kvops.abtest.score)
   deploy: {limit, inventories, clear_gds_dir, extra_vars,            (--deploy runs only; redacted)
            outcomes: [{index, arm, variant, status, rc, started_at, duration_s, changed_tasks,
                        error}],
@@ -63,6 +70,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvops.abtest.score import PredictionScore
 from kvops.abtest.validity import ScenarioChecks
 from kvops.errors import KvopsError
 from kvops.workload.spec import WorkloadSpec, WorkloadSpecError, spec_from_dict
@@ -414,6 +422,8 @@ class RunResults:
     client: ClientHealth
     model_prediction: Prediction | None = None  # embedded engines only
     deploy: DeploySummary | None = None  # --deploy runs only
+    # predicted (before the run) against measured deltas; absent in older documents
+    prediction_score: PredictionScore | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -454,6 +464,8 @@ class RunResults:
             }
         if self.deploy is not None:
             d["deploy"] = self.deploy
+        if self.prediction_score is not None:
+            d["prediction_score"] = self.prediction_score.to_json()
         return d
 
     def to_text(self) -> str:
@@ -469,9 +481,17 @@ class RunResults:
                 f"results document: schema_version {d.get('schema_version')!r}; this kvops "
                 f"reads {SCHEMA_VERSION}"
             )
-        optional = ("model_prediction", "deploy")
+        optional = ("model_prediction", "deploy", "prediction_score")
         d = _exact(d, _names(cls, skip=optional), "top level", optional)
         prediction = d.get("model_prediction")
+        try:
+            score = (
+                PredictionScore.from_json(d["prediction_score"])
+                if d.get("prediction_score") is not None
+                else None
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResultsFormatError(f"results document: prediction_score: {exc}") from None
         return cls(
             kvops_version=d["kvops_version"],
             status=d["status"],
@@ -492,6 +512,7 @@ class RunResults:
                 for sc, arms in prediction.items()
             },
             deploy=d.get("deploy"),
+            prediction_score=score,
             schema_version=d["schema_version"],
         )
 

@@ -26,6 +26,7 @@ from kvops.abtest.metrics import (
     overall_verdict,
 )
 from kvops.abtest.predict import fidelity_warnings, predict_run
+from kvops.abtest.prediction import load_prediction, score_run
 from kvops.abtest.result_types import (
     ArmDescription,
     BatchFigures,
@@ -279,6 +280,10 @@ def build_results(
             f"(e.g. {r.request_id} on {r.arm}: {r.prompt_tokens} vs {r.intended_prompt_tokens} "
             "tokens): the server tokenizes these prompts differently"
         )
+    # the prediction written before the run (kvops.abtest.prediction), scored below
+    written_first = load_prediction(run_dir.path)
+    if written_first is not None and written_first.unavailable:
+        warnings.append(f"no prediction was made before the run: {written_first.unavailable}")
     broken = broken_arms(measured)
     if broken and status == "complete":
         status = "invalid"
@@ -304,5 +309,10 @@ def build_results(
         client=client_summary(run_dir, records),
         model_prediction=prediction,
         deploy=deploy,
+        prediction_score=score_run(
+            written_first, {n: sc.comparisons for n, sc in scenarios.items()}
+        )
+        if written_first is not None
+        else None,
     )
     return ResultSet(results, measured)

@@ -29,8 +29,17 @@ from kvops.abtest.deploy import (
 )
 from kvops.abtest.embedded import EmbeddedEngines, SimProfile
 from kvops.abtest.experiment import Experiment, Hooks, Options
+from kvops.abtest.prediction import (
+    PredictionProfiles,
+    RunPrediction,
+    arm_profiles,
+    load_prediction,
+    predict_deltas,
+    save_prediction,
+)
 from kvops.abtest.results import ResultSet, build_results
 from kvops.abtest.rundir import RunDir
+from kvops.errors import KvopsError
 from kvops.workload.spec import WorkloadSpec
 
 
@@ -49,6 +58,8 @@ class AbTestRequest:
     deploy: DeploySettings | None = None  # --deploy: each arm's variant put on the host first
     # --resume of a --deploy run: the secret extra vars run.json did not keep, given again
     resume_deploy_vars: dict[str, Any] = field(default_factory=dict)
+    # the profiles the prediction written before the run uses (None: the --sim-* profiles)
+    predict_profiles: PredictionProfiles | None = None
 
 
 @dataclass
@@ -77,6 +88,9 @@ def prepare(req: AbTestRequest) -> RunDir:
             req.deploy = settings_from_record(run["deploy"], req.resume_deploy_vars)
         elif req.resume_deploy_vars:
             raise DeployError("--deploy-var on --resume: this run did not deploy")
+        first = load_prediction(run_dir.path)
+        if first is not None:  # a campaign's later points predict from the same profiles
+            req.predict_profiles = first.profiles
         return run_dir
     if req.seed is None:
         req.seed = secrets.randbits(32)
@@ -113,6 +127,7 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
     """Run (or resume) and report. Raises ArmUnreachable / ExperimentError / RunDirError /
     EngineStartError before measuring anything; never loses records once measuring began."""
     run_dir = prepare(req)
+    predict_first(req, run_dir, hooks)
     if req.deploy is not None:
         hooks.prepare_arm = ArmDeployer(req.deploy, run_dir.path, hooks.on_segment)
     warnings: list[str] = []
@@ -139,6 +154,32 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
     if deploy_failure is not None:
         raise deploy_failure
     return Outcome(results, interrupted, warnings)
+
+
+def predict_first(req: AbTestRequest, run_dir: RunDir, hooks: Hooks) -> None:
+    """Write the model's prediction for the run into prediction.json before anything is
+    measured (kvops.abtest.prediction); a resumed run keeps the one written first. A
+    prediction that cannot be made is written as unavailable, with why: it never stops a run."""
+    if load_prediction(run_dir.path) is not None:
+        return
+    records = run_dir.records_path
+    if records.is_file() and records.stat().st_size > 0:
+        return  # a run from before predictions: one made now would not be made first
+    hooks.on_segment("predicting the run with the simulator")
+    profiles = req.predict_profiles
+    arm_names = [a.name for a in req.arms] or ["baseline", "offload"]
+    try:
+        profiles = profiles or arm_profiles(req.sim)
+        prediction = predict_deltas(
+            req.scenarios, arm_names, req.options, profiles, None if req.arms else req.sim,
+            req.scale,
+        )  # fmt: skip
+    except KvopsError as exc:  # a profile that does not load, no KV memory left, ...
+        if profiles is None:
+            hooks.warn(f"no prediction: {exc}")
+            return
+        prediction = RunPrediction(profiles, unavailable=str(exc))
+    save_prediction(run_dir.path, prediction)
 
 
 async def _run_with_sigint(exp: Experiment) -> None:

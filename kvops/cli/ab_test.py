@@ -24,10 +24,12 @@ from kvops.abtest.campaign import (
     point_spec,
     run_campaign,
 )
+from kvops.abtest.campaign_presets import CAMPAIGN_PRESETS, load_campaign_preset
 from kvops.abtest.deploy import DeploySettings, deploy_arms
 from kvops.abtest.embedded import SimProfile
 from kvops.abtest.experiment import Hooks, Options
 from kvops.abtest.metrics import parse_slo
+from kvops.abtest.prediction import PredictionProfiles
 from kvops.abtest.session import AbTestRequest, run_ab_test
 from kvops.cli.spec_help import workload_reference
 from kvops.errors import RC
@@ -36,7 +38,9 @@ from kvops.report.abtest_files import write_reports
 from kvops.report.abtest_table import render_table
 from kvops.report.campaign_plots import write_campaign_plots
 from kvops.report.host_text import markup
+from kvops.report.prediction import summary_line
 from kvops.sim.lmcache_config import DEFAULT_GDS_BUFFER_MIB
+from kvops.sim.profiles import load_gpu, load_model, load_storage
 from kvops.workload.record import RequestRecord
 from kvops.workload.spec import (
     PRESET_NAMES,
@@ -241,6 +245,34 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     "the crossover where offload starts to help (campaign.json, campaign.md). --resume DIR "
     "continues it point by point.",
 )
+@click.option(
+    "--sweep-preset",
+    type=click.Choice(CAMPAIGN_PRESETS),
+    default=None,
+    help="A campaign preset for a reference case (its workload and --sweep; "
+    "kvops/workload/presets/campaigns/), e.g. multi-shared-prefix over num_prefixes=5..40.",
+)
+@click.option(
+    "--predict-gpu",
+    default=None,
+    metavar="NAME|YAML",
+    help="GPU profile the prediction written before the run uses (default: --sim-gpu), e.g. "
+    "a `kvops advise --calibrate` result.",
+)
+@click.option(
+    "--predict-storage",
+    default=None,
+    metavar="NAME|YAML",
+    help="Storage profile the prediction uses (default: --sim-storage).",
+)
+@click.option(
+    "--storage-from-evidence",
+    "evidence_dir",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Predict with the storage measured by gdsio in a `kvops validate --storage-bench "
+    "--save-evidence DIR` bundle.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print results.json to stdout.")
 @click.option("--sim-gpu", default="h100-sxm-80gb", show_default=True)
 @click.option("--sim-model", default="llama-3.1-8b", show_default=True)
@@ -281,7 +313,7 @@ def ab_test(**kw: Any) -> RC:
     """
     err = Console(stderr=True)
     out = Console(width=None if sys.stdout.isatty() else 120)
-    args = CliArgs(**kw)
+    args = _with_sweep_preset(CliArgs(**kw))
     campaign: Campaign | None = None
     try:
         if args.resume is not None and is_campaign(args.resume):
@@ -327,6 +359,8 @@ def ab_test(**kw: Any) -> RC:
         render_table(results, Console(stderr=True, width=None if sys.stderr.isatty() else 120))
     else:
         render_table(results, out)
+    if results.prediction_score is not None:
+        err.print(markup(summary_line(results.prediction_score)))
     err.print(
         f"[dim]run directory: {markup(req.out)} (results.json, report.md, report.html, "
         "records.jsonl)[/]"
@@ -349,6 +383,34 @@ def _campaign(a: CliArgs, req: AbTestRequest) -> Campaign:
     for value in sweep.values:  # every point checked before the first is measured
         point_spec(spec, sweep, value).scaled(a.scale)
     return Campaign(sweep, spec, a.scale, req.seed)
+
+
+def _with_sweep_preset(a: CliArgs) -> CliArgs:
+    """--sweep-preset NAME: its workload preset and sweep, as if given by hand."""
+    if a.sweep_preset is None:
+        return a
+    if a.sweep or a.scenario or a.workload:
+        raise click.UsageError("--sweep-preset sets the workload and the sweep: drop --sweep, "
+                               "--scenario and --workload")  # fmt: skip
+    preset = load_campaign_preset(a.sweep_preset)
+    return dataclasses.replace(a, scenario=preset.scenario, sweep=preset.sweep)
+
+
+def _predict_profiles(a: CliArgs) -> PredictionProfiles:
+    """The profiles of the prediction written before the run: the arms' (--sim-*), or those
+    given for it, or the storage measured in a validate bundle."""
+    gpu, storage = a.predict_gpu or a.sim_gpu, a.predict_storage or a.sim_storage
+    model_p, gpu_p, storage_p = load_model(a.sim_model), load_gpu(gpu), load_storage(storage)
+    if a.evidence_dir is not None:  # ProfileError, StorageEvidenceError: usage errors
+        from kvops.advise.storage_evidence import storage_from_evidence
+
+        storage_p = storage_from_evidence(a.evidence_dir).profile
+        source = f"storage measured in {a.evidence_dir}"
+    elif a.predict_gpu or a.predict_storage:
+        source = "--predict-gpu/--predict-storage"
+    else:
+        source = "the arms' profiles"
+    return PredictionProfiles(model_p, gpu_p, storage_p, source)
 
 
 def _link_plots(root: Path, plots: list[Path], note: str | None) -> None:
@@ -385,6 +447,10 @@ def _show_campaign(
         shown.print(f"[bold]crossover:[/] {markup(c.crossover.text)}")
     if c.capacity:
         shown.print(f"[bold]GPU memory:[/] {markup(c.capacity)}")
+    if c.agreement:
+        shown.print(f"[bold]crossover vs GPU memory:[/] {markup(c.agreement)}")
+    if c.prediction is not None:
+        shown.print(f"[bold]prediction (made before each point):[/] {c.prediction.text()}")
     err.print(
         f"[dim]campaign directory: {markup(root)} (campaign.json, campaign.md, a run per point)[/]"
     )
@@ -449,6 +515,10 @@ class CliArgs:
     deploy_variants: str = "baseline,offload"
     deploy_vars: tuple[str, ...] = ()
     sweep: str | None = None
+    sweep_preset: str | None = None
+    predict_gpu: str | None = None
+    predict_storage: str | None = None
+    evidence_dir: Path | None = None
 
 
 def _request(a: CliArgs) -> AbTestRequest:
@@ -507,6 +577,7 @@ def _request(a: CliArgs) -> AbTestRequest:
         slo=parse_slo(a.slo),
         overwrite=a.overwrite,
         deploy=deploy,
+        predict_profiles=_predict_profiles(a),
     )
 
 

@@ -17,6 +17,7 @@ import click
 
 from kvops.advise.render_sizing import sizing_lines
 from kvops.advise.sizing import SizingInputs, compute_sizing
+from kvops.cli.advise_calibrate import calibrate_command
 from kvops.cli.group import KvopsGroup
 from kvops.cli.spec_help import workload_reference
 from kvops.errors import KvopsError
@@ -112,6 +113,8 @@ class _AdviseGroup(KvopsGroup):
     """`kvops advise TRACE ...` is `kvops advise trace TRACE ...`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] == "--calibrate":  # `kvops advise --calibrate RUNDIR...`
+            args = ["calibrate", *args[1:]]
         help_names = ctx.help_option_names
         routed = "trace" in self.commands and args and args[0] not in self.commands
         if routed and args[0] not in help_names:
@@ -132,7 +135,13 @@ def advise() -> None:
       kvops advise trace.jsonl --gpu h100-sxm-80gb --storage ontap-nfs-rdma-400g
       kvops advise multi-shared-prefix --json
     (`kvops advise trace --help` lists the trace formats and the workload spec's keys.)
+    Refit the site's uncertain figures from measured ab-test runs or campaigns, scored on
+    points held back from the fit:
+      kvops advise --calibrate runs/campaign1 --out site-profiles
     """
+
+
+advise.add_command(calibrate_command)
 
 
 @advise.command()

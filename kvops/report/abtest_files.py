@@ -30,6 +30,7 @@ from kvops.report.explain import (
     why_lines,
 )
 from kvops.report.host_text import markdown_inline, printable
+from kvops.report.prediction import prediction_html, prediction_markdown
 from kvops.workload.record import RequestRecord
 
 
@@ -130,6 +131,7 @@ def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:
         out += [""] + [
             f"![{p.stem}]({p.as_posix()})" for p in plots if p.stem.startswith(name + "-")
         ]
+    out += prediction_markdown(doc.prediction_score)
     c = doc.client
     out += ["", "## Client", "", f"Dispatch lag mean {c.dispatch_lag_mean_ms:.2f} ms (p99 "
             f"{c.dispatch_lag_p99_ms:.2f}), event-loop lag p99 {c.loop_lag_p99_ms:.2f} ms, "
@@ -201,6 +203,7 @@ def to_html(doc: RunResults, plots: list[Path], note: str | None) -> str:
             for p in plots
             if p.stem.startswith(name + "-")
         ]
+    parts += prediction_html(doc.prediction_score)
     c = doc.client
     parts.append(
         f"<h2>Client</h2><p>Dispatch lag mean {c.dispatch_lag_mean_ms:.2f} ms, event-loop lag "

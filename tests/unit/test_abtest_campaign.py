@@ -12,6 +12,7 @@ from kvops.abtest.campaign import (
     CampaignError,
     PointResult,
     capacity_crossing,
+    crossover_vs_capacity,
     find_crossover,
     parse_sweep,
     point_spec,
@@ -104,7 +105,7 @@ def test_where_the_working_set_outgrows_the_gpu_is_said_beside_the_crossover() -
     text = capacity_crossing(sweep, pts)
     assert text == (
         "the working set outgrows the GPU KV capacity between num_prefixes = 5 and 20 "
-        "(32,120 > 19,008 tokens)"
+        "(32,120 > 19,008 tokens; at about num_prefixes = 8.51, linear between the two)"
     )
     assert "fits the GPU KV capacity at every" in str(capacity_crossing(sweep, pts[:2]))
     assert capacity_crossing(sweep, [PointResult(1, "a", "pending")]) is None
@@ -120,3 +121,31 @@ def test_a_campaign_never_lands_in_a_used_directory(tmp_path: Path) -> None:
     with pytest.raises(CampaignError, match="not empty"):
         run_campaign(AbTestRequest(out=tmp_path), campaign, Hooks())
     assert not (tmp_path / "campaign.json").exists()
+
+
+def test_the_crossover_is_compared_with_where_the_gpu_fills() -> None:
+    sweep = parse_sweep("num_prefixes=5,10,15,20")
+
+    def pts(*verdicts: str) -> list[PointResult]:
+        return [
+            PointResult(v, "x", "complete", verdict, working_set_tokens=ws,
+                        gpu_kv_capacity_tokens=7_600)
+            for v, verdict, ws in zip(
+                (5, 10, 15, 20), verdicts, (4_480, 7_280, 10_080, 12_880), strict=True
+            )
+        ]  # fmt: skip
+
+    nd = "no significant difference"
+    same = pts(nd, nd, "helps", "helps")
+    text = crossover_vs_capacity(sweep, find_crossover(sweep, same), same)
+    assert str(text).startswith("the crossover and the capacity crossing fall between the same")
+    late = pts(nd, nd, nd, "helps")
+    assert "only above num_prefixes = 15" in str(
+        crossover_vs_capacity(sweep, find_crossover(sweep, late), late)
+    )
+    early = pts(nd, "helps", "helps", "helps")
+    assert "before the working set outgrows" in str(
+        crossover_vs_capacity(sweep, find_crossover(sweep, early), early)
+    )
+    never = pts(nd, nd, nd, nd)
+    assert crossover_vs_capacity(sweep, find_crossover(sweep, never), never) is None
