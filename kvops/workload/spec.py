@@ -70,6 +70,18 @@ class WorkloadSpec:
     request_order: str = spec_field(
         "shuffled", choices=REQUEST_ORDERS, help="Order of an iteration's requests."
     )
+    trace: str | None = spec_field(
+        None,
+        help="A JSONL trace to replay instead (kvops ab-test --trace; a path relative to this "
+        "file): its arrivals, prefixes and sessions; lengths and counts above are then read "
+        "from it.",
+    )
+    hash_block_tokens: int = spec_field(
+        512, minimum=1, help="Trace: tokens per hash_ids block (512 in Mooncake traces)."
+    )
+    trace_scale: float = spec_field(
+        1.0, above=0, maximum=1, help="Trace: factor on its token counts (set by --scale)."
+    )
 
     @property
     def per_iteration(self) -> int:
@@ -91,6 +103,10 @@ class WorkloadSpec:
             return self
         if not 0 < scale <= 1.0:
             raise WorkloadSpecError(f"--scale must be in (0, 1], got {scale}")
+        if self.trace is not None:
+            raise WorkloadSpecError(
+                f"{self.name}: a trace is scaled when it is read (kvops.workload.replay)"
+            )
 
         def s(n: int, floor: int) -> int:
             return max(floor, round(n * scale)) if n else 0
@@ -157,6 +173,8 @@ def load_spec_file(path: Path) -> WorkloadSpec:
     spec = spec_from_dict(data, str(path))
     if "name" not in data:
         spec = dataclasses.replace(spec, name="custom")
+    if spec.trace is not None and not Path(spec.trace).is_absolute():
+        spec = dataclasses.replace(spec, trace=str(path.parent / spec.trace))
     return spec
 
 

@@ -7,7 +7,8 @@ One JSON object per line, keys in any order:
 - `session_id` (string or integer): the line is a turn of that conversation, turns in file order;
 - prompt, one of: `prompt_token_ids` (list of ints); `prompt`, `text` or `text_input` (a string,
   tokenized by the caller); `hash_ids` (ids of `hash_block_tokens`-token blocks, equal ids mean an
-  equal block) with `input_length` (or `prompt_len`) tokens;
+  equal block) with `input_length` (or `prompt_len`) tokens, or `input_length` alone (a prompt
+  shared with no other);
 - output: `output_tokens`, `output_length` (Mooncake) or `max_tokens`.
 
 A session turn's prompt fields describe only its NEW tokens; the prompt actually sent is the
@@ -220,9 +221,10 @@ def parse_line(
         array = np.asarray(tokens, dtype=np.int64)
         used.add(text_key)
         return TraceTurn(new_tokens=len(tokens), token_ids=array, from_text=True, **common), used
-    if "hash_ids" in obj:
-        hashes = _ids(obj["hash_ids"], "hash_ids")
-        length_key = _first(obj, LENGTH_KEYS)
+    length_key = _first(obj, LENGTH_KEYS)
+    if "hash_ids" in obj or length_key is not None:
+        # input_length alone (as AIPerf reads it): a prompt of that length shared with none
+        hashes = _ids(obj.get("hash_ids", []), "hash_ids")
         length = _count(obj, length_key, 1)
         if length is None:
             raise LineError("hash_ids needs input_length (the prompt's length in tokens)")
