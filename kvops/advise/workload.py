@@ -148,10 +148,12 @@ def request_units(
     `unit_tokens`-token chunks hashed the way LMCache keys them (the simulator's `PromptHasher`,
     chained over the whole prefix), or, for requests given as hash ids, the ids of their full
     blocks directly (one unit per hash block), which needs no tokens at all. Equal keys mean
-    equal prefixes up to the unit's end."""
+    equal prefixes up to the unit's end. A trace with sessions is hashed as tokens throughout:
+    a session turn's context is not a run of hash ids, and both kinds of key must meet."""
     hasher = PromptHasher(unit_tokens, unit_tokens)
+    by_ids = not workload.followups and not any(r.context for r in workload.requests())
     for req in workload.requests():
-        if req.hash_ids is not None:
+        if req.hash_ids is not None and by_ids:
             unit = builder.block
             keys = [-1 - h for h in req.hash_ids[: req.prompt_len // unit]]  # full blocks only
         else:

@@ -281,7 +281,10 @@ class _UnusedFields:
         out = []
         for key, count in self.counts.items():
             if key == "...":
-                out.append(f"{source}: more unused fields on {count} line(s), not named")
+                out.append(
+                    f"{source}: {count} more uses of other unused fields (only the first "
+                    f"{MAX_FIELD_WARNINGS} field names are shown)"
+                )
                 continue
             named = self.lines[key]
             where = ", ".join(str(n) for n in named)
