@@ -22,6 +22,7 @@ from kvops.schema import load_strict, reference, spec_field
 
 PRESET_NAMES = ("unique-one-shot", "single-shared-prefix", "multi-shared-prefix")
 REQUEST_ORDERS = ("shuffled", "cyclic")
+TRACE_KEYS = ("trace", "hash_block_tokens", "trace_scale")
 
 
 class WorkloadSpecError(KvopsError, ValueError):
@@ -122,6 +123,9 @@ class WorkloadSpec:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        if d["trace"] is None:  # a generated workload's spec reads (and records) as before
+            for key in TRACE_KEYS:
+                del d[key]
         if d["rate"] is not None and math.isinf(d["rate"]):
             d["rate"] = "inf"
         return d
