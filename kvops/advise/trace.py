@@ -149,23 +149,26 @@ def session_requests(conv: Conversation) -> list[TraceRequest]:
     """A session's turns as requests whose prompts are the whole context so far: the earlier
     turns' new tokens and answers (an answer is unique tokens of the turn's output length: the
     engine's own answer is not known before it is generated), then the turn's new tokens."""
-    parts: list[TraceRequest] = []
     out: list[TraceRequest] = []
+    context = 0
     for k, turn in enumerate(conv.turns):
-        if k:
+        new = TraceRequest(
+            0.0, turn.new_tokens, turn.output_tokens, turn.token_ids, turn.hash_ids, turn.line
+        )
+        if k == 0:
+            parts: tuple[TraceRequest, ...] = (new,)
+            arrival, delay = conv.start_s, None
+        else:
             prev = conv.turns[k - 1]
             answer = TraceRequest(0.0, prev.output_tokens, 1, line=ANSWER_LINE_BASE + prev.line)
-            parts.append(answer)
-        parts.append(
-            TraceRequest(0.0, turn.new_tokens, turn.output_tokens, turn.token_ids, turn.hash_ids,
-                         turn.line)
-        )  # fmt: skip
-        arrival = conv.start_s if k == 0 else (turn.at_s or 0.0)
-        delay = None if k == 0 else (turn.delay_s or 0.0)
+            parts = (out[-1], answer, new)
+            arrival, delay = turn.at_s or 0.0, turn.delay_s or 0.0
+        context += turn.new_tokens
         out.append(
-            TraceRequest(arrival, conv.context_tokens(k), turn.output_tokens, line=turn.line,
-                         context=tuple(parts), delay_s=delay)
+            TraceRequest(arrival, context, turn.output_tokens, line=turn.line, context=parts,
+                         delay_s=delay)
         )  # fmt: skip
+        context += turn.output_tokens
     return out
 
 

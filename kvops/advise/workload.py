@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvops.sim.hashing import PromptHasher
+from kvops.workload.trace import MAX_CONTEXT_TOKENS
 
 TokenArray = npt.NDArray[np.int64]
 # Token ids below this are often control/special tokens; generated ids stay above them.
@@ -36,9 +37,9 @@ class TraceRequest:
     """One request. At most one of `token_ids`, `hash_ids` and `context` is set (none: a
     unique prompt seeded by `line`); `prompt_len` is the prompt's length in tokens either way.
 
-    A session turn's prompt is its `context`: the parts of the conversation so far (each
-    earlier turn's new tokens and answer, then its own new tokens), shared with the session's
-    other turns rather than copied. `delay_s` (later turns only): released that long after the
+    A session turn's prompt is its `context`: the conversation so far (`context_parts`: each
+    earlier turn's new tokens and answer, then its own new tokens), linked to the session's
+    earlier turns rather than copied. `delay_s` (later turns only): released that long after the
     previous turn's answer, and not before `arrival_s` when the trace gave it a time too."""
 
     arrival_s: float
@@ -88,6 +89,20 @@ class Workload:
                     nxt = self.followups.get(nxt.line)
 
 
+def context_parts(req: TraceRequest) -> list[TraceRequest]:
+    """A session turn's prompt parts in order. A turn's `context` is (the previous turn, its
+    answer, the new tokens), or (the new tokens) for a first turn: linked, so a session's
+    contexts take memory in its number of turns, not its square; walked here without
+    recursion, however long the session."""
+    stack: list[TraceRequest] = []
+    turn = req
+    while turn.context and turn.context[0].context:
+        stack.extend(reversed(turn.context[1:]))
+        turn = turn.context[0]
+    stack.extend(reversed(turn.context))
+    return stack[::-1]
+
+
 class PromptBuilder:
     """Token ids the model hashes, for any request; identical prefixes give identical tokens.
 
@@ -107,7 +122,7 @@ class PromptBuilder:
 
     def tokens(self, req: TraceRequest) -> TokenArray:
         if req.context:
-            return np.concatenate([self.tokens(part) for part in req.context])
+            return np.concatenate([self.tokens(part) for part in context_parts(req)])
         if req.token_ids is not None:
             return req.token_ids
         ids = np.asarray(req.hash_ids or (), dtype=np.int64)
@@ -156,6 +171,8 @@ def request_units(
         if req.hash_ids is not None and by_ids:
             unit = builder.block
             keys = [-1 - h for h in req.hash_ids[: req.prompt_len // unit]]  # full blocks only
+        elif req.prompt_len > MAX_CONTEXT_TOKENS:
+            unit, keys = unit_tokens, []  # no model takes it: refused unbuilt when replayed
         else:
             unit = unit_tokens
             keys = hasher(builder.tokens(req))[1]

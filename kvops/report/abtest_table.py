@@ -139,9 +139,7 @@ def protocol_line(doc: RunResults, sc: ScenarioResult) -> str:
         order = f"trace replayed as recorded ({sc.workload.description})"
     else:
         order = f"requests {sc.workload.request_order}"
-    return order + (
-        f", run seed {seed}" if seed is not None else ""
-    )
+    return order + (f", run seed {seed}" if seed is not None else "")
 
 
 def _share(x: Any) -> str:

@@ -45,6 +45,9 @@ Tokenize = Callable[[str], Sequence[int]]
 # contexts served today a few MB. A line past this is refused, never held whole in memory.
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_SESSION_ID_CHARS = 256
+# No model serves a context this long (the longest are about 1M tokens); a session growing past
+# it is refused rather than replayed, as its turns' prompts would be built over and over.
+MAX_CONTEXT_TOKENS = 1 << 22
 MAX_FIELD_WARNINGS = 20
 MAX_LINES_NAMED = 5
 
@@ -350,6 +353,7 @@ def assemble(turns: list[TraceTurn], source: str, hash_block_tokens: int = 512) 
         return TraceError(f"{source}:{turn.line}: {why}")
 
     sessions: dict[str, list[TraceTurn]] = {}
+    grown: dict[str, int] = {}  # each session's context so far, answers included
     order: list[tuple[str, bool]] = []
     for t in turns:
         if t.at_s is not None and t.delay_s is not None:
@@ -379,6 +383,7 @@ def assemble(turns: list[TraceTurn], source: str, hash_block_tokens: int = 512) 
                     "(or arrival_s): kvops cannot place it in time"
                 )  # fmt: skip
             sessions[t.session_id] = [t]
+            grown[t.session_id] = t.new_tokens + t.output_tokens
             order.append((t.session_id, True))
         else:
             if t.at_s is None and t.delay_s is None:
@@ -387,6 +392,13 @@ def assemble(turns: list[TraceTurn], source: str, hash_block_tokens: int = 512) 
                     "a delay (after the previous answer) nor a timestamp"
                 )  # fmt: skip
             earlier.append(t)
+            context = grown[t.session_id] + t.new_tokens
+            grown[t.session_id] = context + t.output_tokens
+            if context > MAX_CONTEXT_TOKENS:
+                raise fail(
+                    t, f"session {_short(t.session_id)} reaches a context of {context:,} tokens "
+                    f"at this turn, past the {MAX_CONTEXT_TOKENS:,} kvops replays"
+                )  # fmt: skip
     starts = [sessions[k][0].at_s or 0.0 for k, _ in order]
     origin = min(starts, default=0.0)
     conversations = [

@@ -68,3 +68,12 @@ def test_a_turn_that_cannot_be_placed_is_an_error_even_when_lenient() -> None:
     lines = [*LINES, {"session_id": "b", "delay": 5, "input_length": 10, "output_length": 2}]
     with pytest.raises(TraceError, match=r"s.jsonl:4: session 'b' starts with a delay"):
         _read(lines)
+
+
+def test_a_long_session_builds_its_prompts_without_recursion() -> None:
+    turns = [{"session_id": "s", "timestamp": 0, "input_length": 3, "output_length": 1}]
+    turns += [{"session_id": "s", "delay": 1, "input_length": 3, "output_length": 1}] * 4999
+    w = _read(turns)
+    last = max(w.requests(), key=lambda r: r.line)
+    tokens = PromptBuilder(VOCAB, 512).tokens(last)
+    assert last.prompt_len == 5000 * 4 - 1 and tokens.shape == (last.prompt_len,)

@@ -202,12 +202,21 @@ def test_trace_spec_names_the_replay_and_bounds_it(tmp_path: Path) -> None:
     assert (spec.name, spec.trace, spec.total_requests) == ("agent-traffic", str(path), 5)
     assert (spec.prompt_tokens, spec.output_tokens) == (770, 10)
     assert "5 requests in 2 sessions" in spec.description
-    huge = [_turn(session_id="s", timestamp=0, input_length=10**6)] + [
-        _turn(session_id="s", delay=1, input_length=10**6) for _ in range(30)
+    # sessions resend their context: 10 x (0.5 + 1 + 1.5 + 2 + 2.5) M prompt tokens
+    huge = [_turn(session_id=s, timestamp=0, input_length=500_000) for s in range(10)] + [
+        _turn(session_id=s, delay=1, input_length=500_000) for _ in range(4) for s in range(10)
     ]
     path.write_text("".join(json.dumps(x) + "\n" for x in huge))
     with pytest.raises(WorkloadSpecError, match=f"exceed the {MAX_REPLAY_PROMPT_TOKENS:,}"):
         trace_spec(path, load_trace(path), 1.0)
+
+
+def test_a_session_growing_past_any_models_context_is_refused() -> None:
+    turns = [_turn(session_id="s", timestamp=0, input_length=3_000_000)]
+    turns.append(_turn(session_id="s", delay=1, input_length=1_500_000))
+    with pytest.raises(TraceError, match=r"t.jsonl:2: session 's' reaches a context of 4,500,010"):
+        _read(turns)
+    assert _read(turns[:1]).num_requests == 1
 
 
 def test_load_trace_is_strict_and_refuses_an_empty_file(tmp_path: Path) -> None:
