@@ -179,6 +179,9 @@ class Experiment:
                 for s in self.scenarios
                 if s.trace is not None
             }
+            for trace in self._traces.values():
+                for w in trace.warnings:  # unused fields: the replay differs there
+                    self._warn(w)
             with self.run_dir.record_writer() as records, self.run_dir.segment_writer() as segs:
                 for spec, trial, arm in todo:
                     if self.stop.is_set():

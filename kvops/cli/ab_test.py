@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,17 +93,16 @@ def _scenarios(
     scale: float,
     trace: Path | None = None,
     hash_block_tokens: int = 512,
-    warn: Callable[[str], None] = lambda text: None,
 ) -> list[WorkloadSpec]:
     if sum(x is not None for x in (scenario, workload, trace)) > 1:
         raise click.UsageError("give one of --scenario, --workload and --trace")
     if trace is not None:
-        return [_trace_spec(trace, hash_block_tokens, scale, None, warn)]
+        return [_trace_spec(trace, hash_block_tokens, scale, None)]
     if workload is not None:
         spec = load_spec_file(workload)
         if spec.trace is not None:
             trace_path = Path(spec.trace)
-            return [_trace_spec(trace_path, spec.hash_block_tokens, scale, spec.name, warn)]
+            return [_trace_spec(trace_path, spec.hash_block_tokens, scale, spec.name)]
         specs = [spec]
     elif scenario in (None, "all"):
         specs = [load_preset(n) for n in (PRESET_NAMES if scenario == "all" else PRESET_NAMES[2:])]
@@ -113,15 +111,10 @@ def _scenarios(
     return [s.scaled(scale) for s in specs]
 
 
-def _trace_spec(
-    path: Path, hash_block_tokens: int, scale: float, name: str | None, warn: Callable[[str], None]
-) -> WorkloadSpec:
+def _trace_spec(path: Path, hash_block_tokens: int, scale: float, name: str | None) -> WorkloadSpec:
     """The scenario replaying a trace, read (strictly) now so that a bad line stops the run
-    before any engine starts; what the reader noticed is said at once."""
-    trace = load_trace(path, hash_block_tokens)
-    for text in trace.warnings:
-        warn(text)
-    return trace_spec(path, trace, scale, name)
+    before any engine starts (the run warns of what the reader noticed when it starts)."""
+    return trace_spec(path, load_trace(path, hash_block_tokens), scale, name)
 
 
 @click.command("ab-test", epilog=EXAMPLES + TRACE_HELP + WORKLOAD_REFERENCE)
@@ -414,10 +407,6 @@ def _campaign(a: CliArgs, req: AbTestRequest) -> Campaign:
     return Campaign(sweep, spec, a.scale, req.seed)
 
 
-def _warn_now(text: str) -> None:
-    Console(stderr=True).print(f"[bold yellow]warning:[/] {markup(text)}")
-
-
 def _link_plots(root: Path, plots: list[Path], note: str | None) -> None:
     """The campaign's plots (or why there are none) at the end of campaign.md."""
     md = root / "campaign.md"
@@ -537,9 +526,7 @@ def _request(a: CliArgs) -> AbTestRequest:
         raise ValueError("arm names must be unique")
     if a.model:
         arms = [Arm(arm.name, arm.url, a.model) for arm in arms]
-    scenarios = _scenarios(
-        a.scenario, a.workload, a.scale, a.trace, a.hash_block_tokens, warn=_warn_now
-    )
+    scenarios = _scenarios(a.scenario, a.workload, a.scale, a.trace, a.hash_block_tokens)
     replays = any(s.trace is not None for s in scenarios)
     if a.request_order is not None:
         scenarios = [dataclasses.replace(s, request_order=a.request_order) for s in scenarios]

@@ -89,6 +89,8 @@ def test_session_trace_replays_conversations_in_closed_loop(tmp_path: Path) -> N
     proc, out = _run(tmp_path, SESSIONS)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "'priority' is not used by kvops (line 4)" in proc.stderr
+    warnings = json.loads(proc.stdout)["warnings"]
+    assert any("'priority' is not used by kvops (line 4)" in w for w in warnings)
     segments = _segments(_records(out))
     assert set(segments) == {(a, t) for a in ("baseline", "offload") for t in (0, 1)}
     for recs in segments.values():
