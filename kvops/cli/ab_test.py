@@ -172,7 +172,8 @@ def _trace_spec(path: Path, hash_block_tokens: int, scale: float, name: str | No
     type=click.IntRange(0),
     default=1,
     show_default=True,
-    help="Leading iterations of each trial that are sent but not measured.",
+    help="Leading iterations of each trial that are sent but not measured (none with a "
+    "trace: it is replayed whole, cold).",
 )
 @click.option(
     "--reset-cache/--no-reset-cache",
@@ -400,6 +401,8 @@ def _campaign(a: CliArgs, req: AbTestRequest) -> Campaign:
     if a.scenario == "all":
         raise ValueError("--sweep runs one workload: give --scenario NAME or --workload FILE")
     (spec,) = _scenarios(a.scenario, a.workload, 1.0)
+    if spec.trace is not None:  # a workload YAML naming a trace
+        raise ValueError("--sweep varies a workload spec; a trace is replayed as recorded")
     if a.request_order is not None:
         spec = dataclasses.replace(spec, request_order=a.request_order)
     for value in sweep.values:  # every point checked before the first is measured

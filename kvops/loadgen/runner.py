@@ -275,10 +275,11 @@ class Runner:
     ) -> list[RequestRecord]:
         """Replay conversations in closed loop: a session's first turn is released at its
         start after the replay's, each later turn its `delay_s` after the previous turn's
-        answer completed (and not before its `at_s`), as AIPerf and vLLM's multi-turn
-        benchmark pace a conversation; sessions run side by side. A failed turn does not end
-        its session (the next prompt does not depend on the answer). Dispatch lag counts from
-        the moment a turn was due; `stop` and the grace period act as in `run_group`."""
+        answer completed (and not before its `at_s`), as AIPerf paces a trace's sessions
+        (https://github.com/ai-dynamo/aiperf/blob/main/docs/benchmark-modes/trace-replay.md);
+        sessions run side by side. A failed turn does not end its session (the next prompt
+        does not depend on the answer). Dispatch lag counts from the moment a turn was due;
+        `stop` and the grace period act as in `run_group`."""
         if self.stop.is_set():
             return []
         for session in sessions:
@@ -298,7 +299,7 @@ class Runner:
                 rec = self._record(turn.wire, labels, due)
                 records.append(rec)
                 await self._one(turn.wire, rec)
-                done = time.perf_counter()
+                done = rec.end_perf_s or time.perf_counter()  # the answer's last byte
 
         await self._finish([asyncio.create_task(converse(s)) for s in sessions])
         return records
