@@ -57,3 +57,21 @@ def test_the_run_directory_keeps_its_own_copy_of_the_trace(tmp_path: Path) -> No
     assert loaded.trace == str(tmp_path / "run" / "workloads" / "t.trace.jsonl")
     assert (loaded.trace_scale, loaded.prompt_tokens) == (0.5, 50 + 2 + 25)
     assert load_trace(Path(loaded.trace)).num_requests == 2
+
+
+def test_a_workload_yaml_may_name_a_trace_beside_it(tmp_path: Path) -> None:
+    from kvops.cli.ab_test import _scenarios
+
+    _trace(tmp_path, LINES)
+    (tmp_path / "mine.yaml").write_text("name: mine\ntrace: t.jsonl\nhash_block_tokens: 64\n")
+    (spec,) = _scenarios(None, tmp_path / "mine.yaml", 1.0)
+    assert (spec.name, spec.trace, spec.hash_block_tokens) == (
+        "mine",
+        str(tmp_path / "t.jsonl"),
+        64,
+    )
+    assert spec.prompt_tokens == 100 + 4 + 50 and spec.total_requests == 2
+    sweep = CliRunner().invoke(
+        main, ["ab-test", "--workload", str(tmp_path / "mine.yaml"), "--sweep", "rate=1,2"]
+    )
+    assert sweep.exit_code == 2 and "a trace is replayed as recorded" in sweep.output
