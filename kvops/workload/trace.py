@@ -72,12 +72,13 @@ class TraceOptions:
     default_output_tokens: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TraceTurn:
     """One line: a request, or one turn of a session. Exactly one of `token_ids` and `hash_ids`
     is set; `new_tokens` is the length of the tokens this line adds (its whole prompt when it
-    belongs to no session). `at_s` is its absolute time (shifted so the trace starts at 0),
-    `delay_s` its wait after the previous turn's answer."""
+    belongs to no session). `at_s` is its time in the trace (a later turn's shifted so the trace
+    starts at 0; a first turn's start is its conversation's `start_s`), `delay_s` its wait
+    after the previous turn's answer."""
 
     line: int
     new_tokens: int
@@ -90,7 +91,7 @@ class TraceTurn:
     from_text: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Conversation:
     """A session's turns in order (or one request alone), starting at `start_s`."""
 
@@ -141,7 +142,10 @@ def _number(obj: dict[str, Any], key: str) -> float | None:
 
 
 def _first(obj: dict[str, Any], keys: tuple[str, ...]) -> str | None:
-    return next((k for k in keys if k in obj), None)
+    for key in keys:
+        if key in obj:
+            return key
+    return None
 
 
 def _count(obj: dict[str, Any], key: str | None, minimum: int) -> int | None:
@@ -354,7 +358,7 @@ def assemble(turns: list[TraceTurn], source: str, hash_block_tokens: int = 512) 
 
     sessions: dict[str, list[TraceTurn]] = {}
     grown: dict[str, int] = {}  # each session's context so far, answers included
-    order: list[tuple[str, bool]] = []
+    ordered: list[list[TraceTurn]] = []  # conversations in order of their first line
     for t in turns:
         if t.at_s is not None and t.delay_s is not None:
             raise fail(t, "has both a time (timestamp/arrival_s) and a delay: give one")
@@ -366,9 +370,7 @@ def assemble(turns: list[TraceTurn], source: str, hash_block_tokens: int = 512) 
                 )  # fmt: skip
             if t.at_s is None and timed:
                 raise fail(t, "no timestamp (or arrival_s): kvops cannot place it in time")
-            key = f"line {t.line}"
-            sessions[key] = [t]
-            order.append((key, False))
+            ordered.append([t])
             continue
         earlier = sessions.get(t.session_id)
         if earlier is None:
@@ -382,30 +384,28 @@ def assemble(turns: list[TraceTurn], source: str, hash_block_tokens: int = 512) 
                     t, f"the first turn of session {_short(t.session_id)} has no timestamp "
                     "(or arrival_s): kvops cannot place it in time"
                 )  # fmt: skip
-            sessions[t.session_id] = [t]
+            sessions[t.session_id] = earlier = [t]
             grown[t.session_id] = t.new_tokens + t.output_tokens
-            order.append((t.session_id, True))
-        else:
-            if t.at_s is None and t.delay_s is None:
-                raise fail(
-                    t, f"turn {len(earlier) + 1} of session {_short(t.session_id)} has neither "
-                    "a delay (after the previous answer) nor a timestamp"
-                )  # fmt: skip
-            earlier.append(t)
-            context = grown[t.session_id] + t.new_tokens
-            grown[t.session_id] = context + t.output_tokens
-            if context > MAX_CONTEXT_TOKENS:
-                raise fail(
-                    t, f"session {_short(t.session_id)} reaches a context of {context:,} tokens "
-                    f"at this turn, past the {MAX_CONTEXT_TOKENS:,} kvops replays"
-                )  # fmt: skip
-    starts = [sessions[k][0].at_s or 0.0 for k, _ in order]
-    origin = min(starts, default=0.0)
-    conversations = [
-        Conversation(key, start - origin, tuple(_shift(t, origin) for t in sessions[key]), is_s)
-        for (key, is_s), start in zip(order, starts, strict=True)
-    ]
-    conversations.sort(key=lambda c: (c.start_s, c.turns[0].line))
+            ordered.append(earlier)
+            continue
+        if t.at_s is None and t.delay_s is None:
+            raise fail(
+                t, f"turn {len(earlier) + 1} of session {_short(t.session_id)} has neither "
+                "a delay (after the previous answer) nor a timestamp"
+            )  # fmt: skip
+        earlier.append(t)
+        context = grown[t.session_id] + t.new_tokens
+        grown[t.session_id] = context + t.output_tokens
+        if context > MAX_CONTEXT_TOKENS:
+            raise fail(
+                t, f"session {_short(t.session_id)} reaches a context of {context:,} tokens "
+                f"at this turn, past the {MAX_CONTEXT_TOKENS:,} kvops replays"
+            )  # fmt: skip
+    origin = min((c[0].at_s or 0.0 for c in ordered), default=0.0)
+    # a first turn's time is its conversation's start; only later turns keep their own
+    conversations = [_conversation(c, origin) for c in ordered]
+    # stable: equal starts keep file order
+    conversations.sort(key=_start_s)
     notes = []
     if turns and not timed:
         notes.append(
@@ -415,8 +415,25 @@ def assemble(turns: list[TraceTurn], source: str, hash_block_tokens: int = 512) 
     return Trace(source, conversations, hash_block_tokens, notes, timed=timed)
 
 
+def _conversation(turns: list[TraceTurn], origin_s: float) -> Conversation:
+    first = turns[0]
+    key = first.session_id or f"line {first.line}"
+    start_s = (first.at_s or 0.0) - origin_s
+    return Conversation(key, start_s, _shift_later(turns, origin_s), first.session_id is not None)
+
+
+def _start_s(conv: Conversation) -> float:
+    return conv.start_s
+
+
+def _shift_later(turns: list[TraceTurn], origin_s: float) -> tuple[TraceTurn, ...]:
+    if len(turns) == 1 or not origin_s:
+        return tuple(turns)
+    return (turns[0], *(_shift(t, origin_s) for t in turns[1:]))
+
+
 def _shift(turn: TraceTurn, origin_s: float) -> TraceTurn:
-    if turn.at_s is None or not origin_s:
+    if turn.at_s is None:
         return turn
     return TraceTurn(
         turn.line, turn.new_tokens, turn.output_tokens, turn.token_ids, turn.hash_ids,
