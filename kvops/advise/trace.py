@@ -194,7 +194,8 @@ def records_workload(
     arms = [str(obj.get("arm", "")) for _, obj in records]
     arm = arms[0]
     chosen = [(n, obj) for n, obj in records if str(obj.get("arm", "")) == arm]
-    prefix_len = _run_prefix_lengths(Path(source).parent)
+    run = Path(source).parent
+    prefix_len = _run_prefix_lengths(run)
     notes = [
         f"ab-test records: replaying arm '{arm}' ({len(chosen)} of {len(records)} records) at "
         "the recorded send times (open loop)"
@@ -225,6 +226,13 @@ def records_workload(
                 hashes = tuple(base + i for i in range(min(length, prompt) // block))
         arrival = float(send) if isinstance(send, int | float) else 0.0
         requests.append(TraceRequest(arrival, prompt, output, hash_ids=hashes, line=number))
+    replayed = sorted({str(o.get("scenario", "")) for _, o in chosen} & set(_run_traces(run)))
+    if replayed:
+        notes.append(
+            f"ab-test records of a trace replay ({', '.join(replayed)}): replayed here as "
+            "independent requests at their send times; `kvops advise` on the run's "
+            "workloads/<scenario>.trace.jsonl replays the trace itself, sessions included"
+        )
     if unknown_prefix:
         notes.append(
             "no workloads/<scenario>.yaml beside the records for "
@@ -249,6 +257,12 @@ def _shift(req: TraceRequest, start_s: float) -> TraceRequest:
 def hash_key(text: str) -> int:
     """A stable (process-independent) integer for a string."""
     return zlib.crc32(text.encode())
+
+
+def _run_traces(run_dir: Path) -> set[str]:
+    """The scenarios of an ab-test run that replayed a trace (`--trace`)."""
+    copies = (run_dir / "workloads").glob("*.trace.jsonl")
+    return {path.name.removesuffix(".trace.jsonl") for path in copies}
 
 
 def _run_prefix_lengths(run_dir: Path) -> dict[str, int]:

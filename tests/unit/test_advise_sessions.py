@@ -4,15 +4,23 @@ turns' new tokens and answers, then its own), and later turns follow in closed l
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kvops.advise.arms import Profiles, run_arm
-from kvops.advise.trace import ReadOptions, TraceError, read_lines, word_tokenizer
+from kvops.advise.trace import (
+    ReadOptions,
+    TraceError,
+    load_workload,
+    read_lines,
+    word_tokenizer,
+)
 from kvops.advise.workload import PromptBuilder, Workload, measure_reuse
 from kvops.sim.engine import EngineSettings
 from kvops.sim.profiles import load_gpu, load_model, load_storage
+from kvops.workload.record import RequestRecord
 
 VOCAB = 128_256
 PROFILES = Profiles(
@@ -77,3 +85,15 @@ def test_a_long_session_builds_its_prompts_without_recursion() -> None:
     last = max(w.requests(), key=lambda r: r.line)
     tokens = PromptBuilder(VOCAB, 512).tokens(last)
     assert last.prompt_len == 5000 * 4 - 1 and tokens.shape == (last.prompt_len,)
+
+
+def test_records_of_a_trace_replay_point_to_the_trace(tmp_path: Path) -> None:
+    (tmp_path / "workloads").mkdir()
+    (tmp_path / "workloads" / "mine.trace.jsonl").write_text(json.dumps(LINES[0]) + "\n")
+    record = RequestRecord(
+        request_id="a0-mine/baseline/t0-l1", arm="baseline", scenario="mine", send_perf_s=1.0,
+        chunk_offsets_ms=[5.0], prompt_tokens=1024, output_tokens=100,
+    )  # fmt: skip
+    (tmp_path / "records.jsonl").write_text(record.to_json() + "\n")
+    w = load_workload(str(tmp_path / "records.jsonl"), ReadOptions(), VOCAB, "x")
+    assert any("records of a trace replay (mine)" in note for note in w.notes)
