@@ -45,6 +45,9 @@ Tokenize = Callable[[str], Sequence[int]]
 # contexts served today a few MB. A line past this is refused, never held whole in memory.
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_SESSION_ID_CHARS = 256
+# A replay waits for every time the trace gives; one past this is a unit mistake or a hostile
+# line, not traffic to wait for.
+MAX_TIME_S = 30 * 86_400.0
 # No model serves a context this long (the longest are about 1M tokens); a session growing past
 # it is refused rather than replayed, as its turns' prompts would be built over and over.
 MAX_CONTEXT_TOKENS = 1 << 22
@@ -198,6 +201,9 @@ def parse_line(
         used.add("timestamp")
     delay_ms = _number(obj, "delay")
     used |= {"delay", "session_id"}
+    for value_s in (at_s, None if delay_ms is None else delay_ms / 1e3):
+        if value_s is not None and value_s > MAX_TIME_S:
+            raise LineError(f"a time or delay of {value_s:,.0f} s is past the 30 days kvops waits")
     session = _session(obj)
     out_key = _first(obj, OUTPUT_KEYS)
     output = _count(obj, out_key, 1)

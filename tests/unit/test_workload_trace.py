@@ -134,6 +134,8 @@ def test_malformed_turns_are_skipped_or_strict() -> None:
         _read(lines, strict=True)
     with pytest.raises(TraceError, match="session_id must be"):
         _read([_turn(timestamp=0, session_id=["x"])], strict=True)
+    with pytest.raises(TraceError, match="past the 30 days kvops waits"):
+        _read([_turn(timestamp=0, session_id="s"), _turn(delay=1e12, session_id="s")], strict=True)
     with pytest.raises(TraceError, match="session_id must be 1 to 256"):
         _read([_turn(timestamp=0, session_id="x" * 300)], strict=True)
 
