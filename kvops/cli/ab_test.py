@@ -531,6 +531,11 @@ def _request(a: CliArgs) -> AbTestRequest:
         arms = [Arm(arm.name, arm.url, a.model) for arm in arms]
     scenarios = _scenarios(a.scenario, a.workload, a.scale, a.trace, a.hash_block_tokens)
     replays = any(s.trace is not None for s in scenarios)
+    if replays and (a.workers or 1) > 1:
+        raise ValueError(
+            "--workers spreads generated workloads over processes; a trace's sessions are "
+            "sent from one (each turn waits for its previous answer)"
+        )
     if a.request_order is not None:
         scenarios = [dataclasses.replace(s, request_order=a.request_order) for s in scenarios]
     options = Options(

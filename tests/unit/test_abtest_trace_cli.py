@@ -45,6 +45,8 @@ def test_trace_excludes_other_workloads_and_sweeps(tmp_path: Path) -> None:
     assert both.exit_code == 2 and "one of --scenario, --workload and --trace" in both.output
     sweep = CliRunner().invoke(main, ["ab-test", "--trace", str(path), "--sweep", "rate=1,2"])
     assert sweep.exit_code == 2 and "a --trace is replayed as recorded" in sweep.output
+    workers = CliRunner().invoke(main, ["ab-test", "--trace", str(path), "--workers", "2"])
+    assert workers.exit_code == 2 and "a trace's sessions are sent from one" in workers.output
 
 
 def test_the_run_directory_keeps_its_own_copy_of_the_trace(tmp_path: Path) -> None:
