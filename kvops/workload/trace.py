@@ -43,7 +43,7 @@ Tokenize = Callable[[str], Sequence[int]]
 
 # A 100,000-token `prompt_token_ids` line is about 0.7 MB; a text prompt of the longest
 # contexts served today a few MB. A line past this is refused, never held whole in memory.
-MAX_LINE_BYTES = 16 * 1024 * 1024
+MAX_LINE_CHARS = 16 * 1024 * 1024
 MAX_SESSION_ID_CHARS = 256
 # A replay waits for every time the trace gives; one past this is a unit mistake or a hostile
 # line, not traffic to wait for.
@@ -254,7 +254,7 @@ def parse_line(
     )
 
 
-def bounded_lines(fh: IO[str], limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str | None]]:
+def bounded_lines(fh: IO[str], limit: int = MAX_LINE_CHARS) -> Iterator[tuple[int, str | None]]:
     """(line number, text) per line; text is None for a line longer than `limit` characters,
     whose rest is read past in pieces rather than held."""
     number = 0
@@ -327,7 +327,7 @@ def read_trace(
     for number, raw in lines:
         try:
             if raw is None:
-                raise LineError(f"longer than {MAX_LINE_BYTES} bytes, not read")
+                raise LineError(f"longer than {MAX_LINE_CHARS:,} characters, not read")
             text = raw.strip()
             if not text:
                 continue
