@@ -44,12 +44,15 @@ from kvops.loadgen.runner import (
     Runner,
     WireRequest,
     wire_requests,
+    wire_sessions,
 )
 from kvops.loadgen.workers import WorkerPool
 from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
 from kvops.workload.record import JsonlWriter, RequestRecord
+from kvops.workload.replay import load_trace, plan_trace
 from kvops.workload.schedule import arrival_offsets_s, batch_groups
 from kvops.workload.spec import WorkloadSpec
+from kvops.workload.trace import Trace
 
 # Measured records by scenario, then by arm (`kvops.abtest.results.Results.measured`).
 MeasuredRecords = dict[str, dict[str, list[RequestRecord]]]
@@ -141,6 +144,8 @@ class Experiment:
     warm_arms: set[str] = field(default_factory=set)
     # the arm the prepare hook put in place last, with nothing served since (see _arm_infos)
     _fresh_arm: Arm | None = None
+    # scenario name -> the trace it replays (`--trace`), read from the run directory's copy
+    _traces: dict[str, Trace] = field(default_factory=dict)
 
     def _warn(self, text: str) -> None:
         if text not in self.warnings:
@@ -169,6 +174,14 @@ class Experiment:
             alphabet = await self._alphabet(session, self.infos[0])
             self.hooks.on_start(sum(s.total_requests for s, _, _ in todo))
             prefixes = {s.name: make_prefixes(s, alphabet, opts.seed) for s in self.scenarios}
+            self._traces = {
+                s.name: load_trace(Path(s.trace), s.hash_block_tokens)
+                for s in self.scenarios
+                if s.trace is not None
+            }
+            for trace in self._traces.values():
+                for w in trace.warnings:  # unused fields: the replay differs there
+                    self._warn(w)
             with self.run_dir.record_writer() as records, self.run_dir.segment_writer() as segs:
                 for spec, trial, arm in todo:
                     if self.stop.is_set():
@@ -291,6 +304,15 @@ class Experiment:
         try:
             # every request is built and encoded before the first is sent (as vLLM's bench
             # does): preparing iteration 2 must not count as serving time or client lag
+            replay = None
+            if spec.trace is not None:
+                replay = wire_sessions(
+                    plan_trace(
+                        self._traces[spec.name], alphabet, trial=trial, run_seed=opts.seed,
+                        scale=spec.trace_scale,
+                    ),
+                    runner.endpoint,
+                )  # fmt: skip
             plans = [
                 wire_requests(
                     plan_iteration(
@@ -298,17 +320,25 @@ class Experiment:
                     ),
                     runner.endpoint,
                 )
-                for i in range(spec.iterations)
+                for i in range(spec.iterations if replay is None else 0)
             ]
             monitor.start()
             pool = (
                 WorkerPool(opts.workers, runner.endpoint, timeout_s=opts.timeout_s,
                            stall_timeout_s=opts.stall_timeout_s, grace_s=opts.grace_s)
-                if opts.workers > 1 else None
+                if opts.workers > 1 and replay is None else None
             )  # fmt: skip
             try:
                 if pool is not None:
                     await pool.start()
+                if replay is not None:
+                    # a trace is replayed whole, once per segment, with no warm-up: its own
+                    # reuse, from a cold cache, is what is measured
+                    counters_before = await fetch_counters(session, info)
+                    labels = Labels(arm.name, spec.name, trial, attempt, False)
+                    await runner.run_sessions(replay, labels)
+                    if self.stop.is_set():
+                        return
                 for iteration, planned in enumerate(plans):
                     warm = iteration < opts.warmup_iterations
                     if iteration == opts.warmup_iterations:

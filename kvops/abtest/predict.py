@@ -100,8 +100,8 @@ def predict(
     offset within its release group (`send_offsets`); a request not in it arrives with the
     group's first."""
     sent = sent or {}
-    if alphabet.is_text or any(s.rate is not None for s in scenarios):
-        return None
+    if alphabet.is_text or any(s.rate is not None or s.trace is not None for s in scenarios):
+        return None  # a trace (--trace) is predicted by `kvops advise TRACE`, not here
     costs = (
         profile
         if isinstance(profile, CostProfiles)

@@ -261,6 +261,8 @@ def build_results(
         scenarios[spec.name] = ScenarioResult(spec, verdict, blocks, comparisons, checks)
     warnings = list(warnings or [])
     for spec in specs:
+        if spec.trace is not None:
+            continue  # a trace's own reuse hits past any one shared prefix
         scenario_records = [r for r in records if r.scenario == spec.name]
         warnings += warm_tier_warnings(scenario_records, spec.prefix_tokens, spec.name)
     warnings += [w for w in _lag_warnings(scenarios) if w not in warnings]

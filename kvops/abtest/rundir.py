@@ -3,6 +3,7 @@
 Layout (all text):
   run.json          arms (names, URLs), options, scenarios, kvops version, attempts
   workloads/*.yaml  the exact (scaled) spec of each scenario
+  workloads/*.trace.jsonl  the trace a `--trace` scenario replays (a copy)
   alphabet.json     what prompts are built from (same prompts again on --resume)
   arms.json         each arm's self-description per attempt (/version, models, cache config)
   records.jsonl     one line per request, written as it completes
@@ -15,7 +16,9 @@ records stop halfway is re-run rather than half-counted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +59,15 @@ class RunDir:
                 (self.path / name).unlink(missing_ok=True)
         (self.path / "workloads").mkdir(parents=True, exist_ok=True)
         for spec in specs:
+            if spec.trace is not None:
+                # the run keeps its own copy: --resume and the reports replay and read the
+                # trace that was measured, whatever becomes of the operator's file
+                copy = f"{spec.name}.trace.jsonl"
+                try:
+                    shutil.copyfile(spec.trace, self.path / "workloads" / copy)
+                except OSError as exc:
+                    raise RunDirError(f"cannot copy {spec.trace}: {exc.strerror}") from None
+                spec = dataclasses.replace(spec, trace=copy)
             (self.path / "workloads" / f"{spec.name}.yaml").write_text(spec.to_yaml())
         run = {**run, "kvops_version": __version__, "created_unix_s": time.time(), "attempts": []}
         self.write_json("run.json", run)

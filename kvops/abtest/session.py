@@ -108,6 +108,7 @@ def prepare(req: AbTestRequest) -> RunDir:
         "deploy": deploy_record(req.deploy) if req.deploy else None,
     }
     run_dir.create(run, req.scenarios, req.overwrite)
+    req.scenarios = run_dir.load_run()[1]  # as --resume reads them (a trace: the run's copy)
     return run_dir
 
 

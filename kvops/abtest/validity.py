@@ -164,7 +164,10 @@ def distinct_prefixes(spec: WorkloadSpec) -> int:
 
 
 def has_reuse(spec: WorkloadSpec) -> bool:
-    """Some prefix is sent more than once in a segment (the unit a reset cache starts)."""
+    """Some prefix is sent more than once in a segment (the unit a reset cache starts); a
+    replayed trace is taken to reuse (`kvops advise TRACE` measures how much)."""
+    if spec.trace is not None:
+        return True
     return distinct_prefixes(spec) > 0 and spec.total_requests > distinct_prefixes(spec)
 
 
@@ -225,7 +228,17 @@ def check_scenario(
     capacity = kv_capacity_tokens(infos.get(base, {}).get("cache_config"))
     note: str | None = None
     fits: bool | None = None
-    if not reuse:
+    if spec.trace is not None:
+        pre.append(
+            Precondition(
+                "working_set",
+                base,
+                "unknown",
+                "a replayed trace: its reuse and working set against GPU memory are what "
+                "`kvops advise TRACE` measures",
+            )
+        )
+    elif not reuse:
         note = NO_REUSE_NOTE
         pre.append(Precondition("reuse", base, "n/a", NO_REUSE_NOTE))
     elif capacity is None:

@@ -31,6 +31,7 @@ from kvops.advise.workload import (
     Group,
     PromptBuilder,
     Reuse,
+    TraceRequest,
     Workload,
     measure_reuse,
     request_units,
@@ -152,13 +153,26 @@ def sample(workload: Workload, limit: int) -> Workload:
     if workload.num_requests <= limit:
         return workload
     groups: list[Group] = []
+    followups: dict[int, TraceRequest] = {}
     left = limit
     for g in workload.groups:
         if left <= 0:
             break
-        groups.append(Group(g.requests[:left], g.closed))
-        left -= len(groups[-1].requests)
-    return Workload(workload.source, workload.kind, groups, workload.hash_block_tokens)
+        kept: list[TraceRequest] = []
+        for req in g.requests:  # a session's first turn brings its later turns along
+            if left <= 0:
+                break
+            kept.append(req)
+            left -= 1
+            prev, nxt = req, workload.followups.get(req.line)
+            while nxt is not None and left > 0:
+                followups[prev.line] = nxt
+                left -= 1
+                prev, nxt = nxt, workload.followups.get(nxt.line)
+        groups.append(Group(kept, g.closed))
+    return Workload(
+        workload.source, workload.kind, groups, workload.hash_block_tokens, followups=followups
+    )
 
 
 def _deltas(base: ArmResult, off: ArmResult, points: list[dict[str, float]]) -> list[Delta]:
@@ -225,6 +239,7 @@ def analyse(
         n > options.sample_requests
         and options.sample_requests >= 2 * options.window_requests
         and not any(g.closed for g in workload.groups)
+        and not workload.followups  # sessions carry their state from turn to turn
     )
     sampling: Sampling | None = None
     if windowed:

@@ -10,6 +10,7 @@ duration running from the first arrival to the last completion.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
@@ -186,6 +187,9 @@ def run_arm(
     """Replay every group of the workload through one engine; EngineError if the engine cannot
     be built (e.g. no KV memory left).
 
+    A session's later turns (`workload.followups`) join in closed loop: each arrives its delay
+    after the previous turn finished (and not before its own trace time, when it has one).
+
     For a window cut out of a longer trace: the first `warmup` requests are replayed but not
     counted (they bring the GPU prefix cache and the queue to the state the window starts in),
     and `preload_chunks` are on the offload tier's persistent level from the start (what
@@ -195,6 +199,7 @@ def run_arm(
         engine.offload.preload(preload_chunks)
     result = ArmResult(name, num_gpu_blocks=engine.cache.num_blocks)
     warm = {str(r.line) for r in islice(workload.requests(), warmup)}
+    turns = _Turns(workload, engine, builder, result, warm)
     first = True
     seen = 0
     for group in workload.groups:
@@ -207,14 +212,20 @@ def run_arm(
         i, n = 0, len(reqs)
         while True:
             if not engine.has_work():
-                if i == n:
+                if i == n and not turns.due:
                     break
-                i = _add(engine, reqs, i, base_s, builder, result, limit_s=None, warm=warm)
+                if turns.due and (i == n or turns.due[0][0] < base_s + reqs[i].arrival_s):
+                    turns.release(None)
+                else:
+                    i = _add(engine, reqs, i, base_s, builder, result, limit_s=None, warm=warm)
                 continue
-            i = _add(engine, reqs, i, base_s, builder, result, engine.next_step_start_s(), warm)
+            limit_s = engine.next_step_start_s()
+            i = _add(engine, reqs, i, base_s, builder, result, limit_s, warm)
+            turns.release(limit_s)
             step = engine.step()
             if step is None or not step.finished:
                 continue
+            turns.follow(step.finished)
             counted = [rec for rec in step.finished if rec.request_id not in warm]
             for rec in counted:
                 result.add(rec)
@@ -223,6 +234,39 @@ def run_arm(
     if progress is not None and result.rejected:
         progress(len(result.rejected))
     return result
+
+
+@dataclass
+class _Turns:
+    """A session's later turns, each due its delay after the previous one finished."""
+
+    workload: Workload
+    engine: Engine
+    builder: PromptBuilder
+    result: ArmResult
+    warm: set[str]
+    due: list[tuple[float, int, TraceRequest]] = field(default_factory=list)
+
+    def follow(self, finished: list[SimRequestRecord]) -> None:
+        for rec in finished:
+            self._queue(int(rec.request_id), rec.finish_s or self.engine.now_s)
+
+    def _queue(self, line: int, done_s: float) -> None:
+        nxt = self.workload.followups.get(line)
+        if nxt is not None:
+            due_s = max(done_s + (nxt.delay_s or 0.0), nxt.arrival_s)
+            heapq.heappush(self.due, (due_s, nxt.line, nxt))
+
+    def release(self, limit_s: float | None) -> None:
+        """Add the turns due by `limit_s` (None: the earliest one)."""
+        while self.due and (limit_s is None or self.due[0][0] <= limit_s):
+            due_s, _, req = heapq.heappop(self.due)
+            if not _add_one(self.engine, req, due_s, self.builder, self.result, self.warm):
+                # refused: the session goes on (its next turn follows at once, and is judged
+                # on its own)
+                self._queue(req.line, due_s)
+            if limit_s is None:
+                return
 
 
 def _add(
@@ -241,25 +285,35 @@ def _add(
     while i < n and (limit_s is None or base_s + reqs[i].arrival_s <= limit_s):
         req = reqs[i]
         i += 1
-        counted = not warm or str(req.line) not in warm
-        if req.prompt_len + req.output_tokens > engine.max_model_len:
-            # Refused before its tokens are built: a bogus length must not allocate them.
-            if counted:
-                result.rejected.append(
-                    f"line {req.line}: {req.prompt_len} prompt + {req.output_tokens} output "
-                    f"tokens exceed the model's maximum context length ({engine.max_model_len})"
-                )
-            if limit_s is None:
-                break
-            continue
-        arrival_s = base_s + req.arrival_s
-        model_req = Request(str(req.line), arrival_s, builder.tokens(req), req.output_tokens)
-        try:
-            engine.add_request(model_req)
-        except ValueError as exc:
-            if counted:
-                result.rejected.append(f"line {req.line}: {exc}")
-            continue
+        _add_one(engine, req, base_s + req.arrival_s, builder, result, warm)
         if limit_s is None:
             break
     return i
+
+
+def _add_one(
+    engine: Engine,
+    req: TraceRequest,
+    arrival_s: float,
+    builder: PromptBuilder,
+    result: ArmResult,
+    warm: set[str] | None,
+) -> bool:
+    """Hand one request to the engine at `arrival_s`; False (and recorded) when refused."""
+    counted = not warm or str(req.line) not in warm
+    if req.prompt_len + req.output_tokens > engine.max_model_len:
+        # Refused before its tokens are built: a bogus length must not allocate them.
+        if counted:
+            result.rejected.append(
+                f"line {req.line}: {req.prompt_len} prompt + {req.output_tokens} output "
+                f"tokens exceed the model's maximum context length ({engine.max_model_len})"
+            )
+        return False
+    model_req = Request(str(req.line), arrival_s, builder.tokens(req), req.output_tokens)
+    try:
+        engine.add_request(model_req)
+    except ValueError as exc:
+        if counted:
+            result.rejected.append(f"line {req.line}: {exc}")
+        return False
+    return True

@@ -1,33 +1,28 @@
 """Reading what `kvops advise` replays: a JSONL trace, an ab-test `records.jsonl`, or a workload
 spec (YAML file or preset name).
 
-Trace lines (one JSON object per request; keys in any order):
-- arrival: `arrival_s` (seconds) or `timestamp` (milliseconds, as in the Mooncake traces);
-  missing means 0 (all at once);
-- prompt, one of: `prompt_token_ids` (list of ints); `prompt` or `text` (a string, tokenized with
-  the model's Hugging Face tokenizer when `transformers` and the tokenizer files are available
-  locally, else one token per whitespace-separated word, and the report says so); `hash_ids`
-  (prefix-block hash ids, `--hash-block-tokens` each, 512 in Mooncake traces) with
-  `input_length` (or `prompt_len`) tokens;
-- output: `output_tokens`, `output_length` (Mooncake) or `max_tokens`.
-A line that is not a JSON object of that shape is reported with its number and skipped, or,
-with `strict`, fails the whole read.
+Trace lines are read by `kvops.workload.trace` (its docstring lists the fields), the same reader
+`kvops ab-test --trace` uses: `timestamp` (ms) or `arrival_s`, a prompt (`prompt_token_ids`, text
+tokenized with the model's Hugging Face tokenizer when `transformers` and the tokenizer files are
+available locally, else one token per whitespace-separated word, and the report says so; or
+`hash_ids` of `--hash-block-tokens` tokens with `input_length`), an output length, and for
+session traces `session_id` and `delay`. A session's turns are replayed as a conversation in
+closed loop, each prompting with its whole context. A line that is not a JSON object of that
+shape is reported with its number and skipped, or, with `strict`, fails the whole read; a line
+that cannot be placed in time always fails it; a field kvops does not use is named in a note.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import itertools
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kvops.advise.workload import Group, TraceRequest, Workload
-from kvops.errors import KvopsError
+from kvops.advise.workload import ANSWER_LINE_BASE, Group, TraceRequest, Workload
 from kvops.sim.tokenizer import WordTokenizer
 from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
 from kvops.workload.schedule import arrival_offsets_s, batch_groups
@@ -38,97 +33,23 @@ from kvops.workload.spec import (
     load_preset,
     load_spec_file,
 )
+from kvops.workload.trace import (
+    Conversation,
+    Trace,
+    TraceError,
+    TraceOptions,
+    bounded_lines,
+    read_trace,
+)
 
 MAX_SHOWN_SKIPS = 20
 
+__all__ = ["ReadOptions", "TraceError", "load_workload", "read_lines", "spec_workload"]
 
-class TraceError(KvopsError, ValueError):
-    """The input cannot be replayed at all (unreadable, empty, or a bad line under --strict)."""
-
-
-class LineError(ValueError):
-    """One malformed line: the message names what is wrong with it."""
-
+# One set of options for both readers (the name `kvops advise` has always used).
+ReadOptions = TraceOptions
 
 Tokenize = Callable[[str], list[int]]
-
-
-@dataclass(frozen=True)
-class ReadOptions:
-    strict: bool = False
-    hash_block_tokens: int = 512
-    default_output_tokens: int | None = None
-
-
-def _number(obj: dict[str, Any], keys: tuple[str, ...]) -> float | None:
-    for key in keys:
-        if key in obj:
-            value = obj[key]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise LineError(f"{key} must be a number, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise LineError(f"{key} must be a finite number >= 0, got {value!r}")
-            return float(value)
-    return None
-
-
-def _count(obj: dict[str, Any], keys: tuple[str, ...], minimum: int) -> int | None:
-    value = _number(obj, keys)
-    if value is None:
-        return None
-    if value != int(value) or value < minimum:
-        raise LineError(f"{'/'.join(keys)} must be an integer >= {minimum}, got {value:g}")
-    return int(value)
-
-
-def parse_trace_line(obj: Any, line: int, options: ReadOptions, tokenize: Tokenize) -> TraceRequest:
-    """One trace line (already JSON-decoded) as a request; LineError says what is wrong."""
-    if not isinstance(obj, dict):
-        raise LineError(f"expected a JSON object, got {type(obj).__name__}")
-    arrival_s = _number(obj, ("arrival_s",))
-    if arrival_s is None:
-        ms = _number(obj, ("timestamp",))
-        arrival_s = 0.0 if ms is None else ms / 1e3
-    output = _count(obj, ("output_tokens", "output_length", "max_tokens"), 1)
-    if output is None:
-        if options.default_output_tokens is None:
-            raise LineError("no output length (output_tokens, output_length or max_tokens)")
-        output = options.default_output_tokens
-    if "prompt_token_ids" in obj:
-        ids = obj["prompt_token_ids"]
-        if not isinstance(ids, list) or not ids:
-            raise LineError("prompt_token_ids must be a non-empty list of integers")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**62 for t in ids):
-            raise LineError("prompt_token_ids must hold integers in [0, 2**62) only")
-        array = np.asarray(ids, dtype=np.int64)
-        return TraceRequest(arrival_s, len(ids), output, token_ids=array, line=line)
-    for key in ("prompt", "text"):
-        if key in obj:
-            text = obj[key]
-            if not isinstance(text, str):
-                raise LineError(f"{key} must be a string")
-            tokens = tokenize(text)
-            if not tokens:
-                raise LineError(f"{key} is empty: a prompt needs at least one token")
-            array = np.asarray(tokens, dtype=np.int64)
-            return TraceRequest(arrival_s, len(tokens), output, token_ids=array, line=line)
-    if "hash_ids" in obj:
-        hashes = obj["hash_ids"]
-        if not isinstance(hashes, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**62 for h in hashes
-        ):
-            raise LineError("hash_ids must be a list of integers in [0, 2**62)")
-        length = _count(obj, ("input_length", "prompt_len"), 1)
-        if length is None:
-            raise LineError("hash_ids needs input_length (the prompt's length in tokens)")
-        # Fewer ids than blocks is allowed (the rest is unique); more ids than fit is not.
-        if len(hashes) > -(-length // options.hash_block_tokens):
-            raise LineError(
-                f"{len(hashes)} hash_ids of {options.hash_block_tokens} tokens do not fit "
-                f"input_length {length} (wrong --hash-block-tokens?)"
-            )
-        return TraceRequest(arrival_s, length, output, hash_ids=tuple(hashes), line=line)
-    raise LineError("no prompt: give prompt_token_ids, prompt/text, or hash_ids + input_length")
 
 
 def word_tokenizer(vocab_size: int) -> Tokenize:
@@ -166,54 +87,98 @@ def read_lines(
 ) -> Workload:
     """A JSONL trace (or ab-test records) as a workload. Malformed lines are reported by number
     and skipped; under `strict` the first one raises TraceError."""
-    requests: list[TraceRequest] = []
+    return read_numbered(enumerate(lines, start=1), source, options, tokenize, tokenizer_note)
+
+
+def read_numbered(
+    lines: Iterable[tuple[int, str | None]],
+    source: str,
+    options: ReadOptions,
+    tokenize: Tokenize,
+    tokenizer_note: str | None = None,
+) -> Workload:
+    """`read_lines` over numbered lines (`kvops.workload.trace.bounded_lines`: a line too long
+    to read comes as None)."""
     records: list[tuple[int, dict[str, Any]]] = []
-    skipped: list[str] = []
-    used_text = False
-    for number, raw in enumerate(lines, start=1):
-        text = raw.strip()
-        if not text:
-            continue
-        try:
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise LineError(f"not JSON ({exc.msg} at column {exc.colno})") from None
-            except RecursionError:
-                raise LineError("not JSON (nested too deeply)") from None
-            if _is_abtest_record(obj):
-                records.append((number, obj))
-                continue
-            req = parse_trace_line(obj, number, options, tokenize)
-            used_text = used_text or ("prompt" in obj or "text" in obj)
-        except LineError as exc:
-            message = f"{source}:{number}: {exc}"
-            if options.strict:
-                raise TraceError(message + " (--strict)") from None
-            skipped.append(message)
-            continue
-        requests.append(req)
+
+    def divert(number: int, obj: Any) -> bool:
+        if _is_abtest_record(obj):
+            records.append((number, obj))
+            return True
+        return False
+
+    trace = read_trace(lines, source, options, tokenize, divert)
     if records:
-        if requests:
+        if trace.conversations:
             raise TraceError(f"{source}: mixes ab-test records and trace lines")
-        return records_workload(records, source, skipped, options)
-    if not requests:
+        return records_workload(records, source, trace.skipped, options)
+    if not trace.conversations:
+        skipped = trace.skipped
         why = f"; {len(skipped)} malformed line(s), first: {skipped[0]}" if skipped else ""
         raise TraceError(f"{source}: no requests to replay{why}")
-    start = min(r.arrival_s for r in requests)
-    ordered = sorted(requests, key=lambda r: (r.arrival_s, r.line))
-    shifted = [_shift(r, start) for r in ordered]
-    notes = [tokenizer_note] if used_text and tokenizer_note else []
-    return Workload(source, "trace", [Group(shifted)], options.hash_block_tokens, notes, skipped)
+    notes = [tokenizer_note] if trace.used_text and tokenizer_note else []
+    return trace_workload(trace, notes + trace.warnings)
 
 
-def _shift(req: TraceRequest, start_s: float) -> TraceRequest:
-    if not start_s:
-        return req
-    return TraceRequest(
-        req.arrival_s - start_s, req.prompt_len, req.output_tokens, req.token_ids, req.hash_ids,
-        req.line,
-    )  # fmt: skip
+def trace_workload(trace: Trace, notes: list[str]) -> Workload:
+    """A trace as one open group of requests and sessions' first turns, the later turns as
+    follow-ups (closed loop), each turn prompting with its whole context."""
+    heads: list[TraceRequest] = []
+    followups: dict[int, TraceRequest] = {}
+    for conv in trace.conversations:
+        if not conv.session:
+            (turn,) = conv.turns
+            heads.append(
+                TraceRequest(conv.start_s, turn.new_tokens, turn.output_tokens,
+                             turn.token_ids, turn.hash_ids, turn.line)
+            )  # fmt: skip
+            continue
+        chain = session_requests(conv)
+        heads.append(chain[0])
+        for before, after in itertools.pairwise(chain):
+            followups[before.line] = after
+    if any(c.session for c in trace.conversations):
+        notes = [*notes, _session_note(trace)]
+    group = Group(heads)
+    return Workload(
+        trace.source, "trace", [group], trace.hash_block_tokens, notes, trace.skipped, followups
+    )
+
+
+def session_requests(conv: Conversation) -> list[TraceRequest]:
+    """A session's turns as requests whose prompts are the whole context so far: the earlier
+    turns' new tokens and answers (an answer is unique tokens of the turn's output length: the
+    engine's own answer is not known before it is generated), then the turn's new tokens."""
+    out: list[TraceRequest] = []
+    context = 0
+    for k, turn in enumerate(conv.turns):
+        new = TraceRequest(
+            0.0, turn.new_tokens, turn.output_tokens, turn.token_ids, turn.hash_ids, turn.line
+        )
+        if k == 0:
+            parts: tuple[TraceRequest, ...] = (new,)
+            arrival, delay = conv.start_s, None
+        else:
+            prev = conv.turns[k - 1]
+            answer = TraceRequest(0.0, prev.output_tokens, 1, line=ANSWER_LINE_BASE + prev.line)
+            parts = (out[-1], answer, new)
+            arrival, delay = turn.at_s or 0.0, turn.delay_s or 0.0
+        context += turn.new_tokens
+        out.append(
+            TraceRequest(arrival, context, turn.output_tokens, line=turn.line, context=parts,
+                         delay_s=delay)
+        )  # fmt: skip
+        context += turn.output_tokens
+    return out
+
+
+def _session_note(trace: Trace) -> str:
+    turns = sum(len(c.turns) for c in trace.conversations if c.session)
+    return (
+        f"session trace: {trace.num_sessions} session(s), {turns} turns replayed as "
+        "conversations in closed loop (each turn sent its delay after the previous answer, "
+        "prompting with the whole context so far; answers stand in as tokens of their length)"
+    )
 
 
 def records_workload(
@@ -229,7 +194,8 @@ def records_workload(
     arms = [str(obj.get("arm", "")) for _, obj in records]
     arm = arms[0]
     chosen = [(n, obj) for n, obj in records if str(obj.get("arm", "")) == arm]
-    prefix_len = _run_prefix_lengths(Path(source).parent)
+    run = Path(source).parent
+    prefix_len = _run_prefix_lengths(run)
     notes = [
         f"ab-test records: replaying arm '{arm}' ({len(chosen)} of {len(records)} records) at "
         "the recorded send times (open loop)"
@@ -260,6 +226,13 @@ def records_workload(
                 hashes = tuple(base + i for i in range(min(length, prompt) // block))
         arrival = float(send) if isinstance(send, int | float) else 0.0
         requests.append(TraceRequest(arrival, prompt, output, hash_ids=hashes, line=number))
+    replayed = sorted({str(o.get("scenario", "")) for _, o in chosen} & set(_run_traces(run)))
+    if replayed:
+        notes.append(
+            f"ab-test records of a trace replay ({', '.join(replayed)}): replayed here as "
+            "independent requests at their send times; `kvops advise` on the run's "
+            "workloads/<scenario>.trace.jsonl replays the trace itself, sessions included"
+        )
     if unknown_prefix:
         notes.append(
             "no workloads/<scenario>.yaml beside the records for "
@@ -272,9 +245,24 @@ def records_workload(
     return Workload(source, "records", [Group(ordered)], block, notes, skipped)
 
 
+def _shift(req: TraceRequest, start_s: float) -> TraceRequest:
+    if not start_s:
+        return req
+    return TraceRequest(
+        req.arrival_s - start_s, req.prompt_len, req.output_tokens, req.token_ids, req.hash_ids,
+        req.line,
+    )  # fmt: skip
+
+
 def hash_key(text: str) -> int:
     """A stable (process-independent) integer for a string."""
     return zlib.crc32(text.encode())
+
+
+def _run_traces(run_dir: Path) -> set[str]:
+    """The scenarios of an ab-test run that replayed a trace (`--trace`)."""
+    copies = (run_dir / "workloads").glob("*.trace.jsonl")
+    return {path.name.removesuffix(".trace.jsonl") for path in copies}
 
 
 def _run_prefix_lengths(run_dir: Path) -> dict[str, int]:
@@ -351,6 +339,6 @@ def load_workload(
         )
     try:
         with path.open(encoding="utf-8", errors="replace") as fh:
-            return read_lines(fh, str(path), options, tokenize, note)
+            return read_numbered(bounded_lines(fh), str(path), options, tokenize, note)
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror})") from None

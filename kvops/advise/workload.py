@@ -1,12 +1,14 @@
 """What `kvops advise` replays: requests in release groups, and how each becomes model tokens.
 
-A trace is one open group (every request at its own recorded arrival). A batch-mode workload
-spec is a series of closed groups: each is released when the previous one has finished, the way
-`kvops ab-test` drives a server. A request's prompt is held in the most compact form its source
-gives: token ids, or prefix-block hash ids plus a length (the Mooncake trace format, FAST'25,
-github.com/kvcache-ai/Mooncake `FAST25-release/traces`: `hash_ids` name 512-token blocks, equal
-ids mean an equal prefix). Hash ids become tokens only when the request is fed to the model,
-so a 100,000-request trace never holds every prompt in memory at once.
+A trace is one open group (every request, or session's first turn, at its own recorded arrival);
+a session's later turns follow in closed loop (`Workload.followups`: each is released its
+`delay_s` after the previous turn's answer), each prompting with its whole context. A batch-mode
+workload spec is a series of closed groups: each is released when the previous one has finished,
+the way `kvops ab-test` drives a server. A request's prompt is held in the most compact form its
+source gives: token ids, or prefix-block hash ids plus a length (the Mooncake trace format,
+FAST'25, github.com/kvcache-ai/Mooncake `FAST25-release/traces`: `hash_ids` name 512-token
+blocks, equal ids mean an equal prefix). Hash ids become tokens only when the request is fed to
+the model, so a 100,000-request trace never holds every prompt in memory at once.
 """
 
 from __future__ import annotations
@@ -19,16 +21,26 @@ import numpy as np
 import numpy.typing as npt
 
 from kvops.sim.hashing import PromptHasher
+from kvops.workload.trace import MAX_CONTEXT_TOKENS
 
 TokenArray = npt.NDArray[np.int64]
 # Token ids below this are often control/special tokens; generated ids stay above them.
 _LOW_ID = 16
 
 
+# A session's answers stand in its later prompts as tokens seeded by this plus the turn's line.
+ANSWER_LINE_BASE = 1 << 40
+
+
 @dataclass(frozen=True)
 class TraceRequest:
-    """One request. Exactly one of `token_ids` and `hash_ids` is set; `prompt_len` is the
-    prompt's length in tokens either way."""
+    """One request. At most one of `token_ids`, `hash_ids` and `context` is set (none: a
+    unique prompt seeded by `line`); `prompt_len` is the prompt's length in tokens either way.
+
+    A session turn's prompt is its `context`: the conversation so far (`context_parts`: each
+    earlier turn's new tokens and answer, then its own new tokens), linked to the session's
+    earlier turns rather than copied. `delay_s` (later turns only): released that long after the
+    previous turn's answer, and not before `arrival_s` when the trace gave it a time too."""
 
     arrival_s: float
     prompt_len: int
@@ -36,6 +48,8 @@ class TraceRequest:
     token_ids: TokenArray | None = None
     hash_ids: tuple[int, ...] | None = None
     line: int = 0
+    context: tuple[TraceRequest, ...] = ()
+    delay_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -57,14 +71,36 @@ class Workload:
     hash_block_tokens: int = 512
     notes: list[str] = field(default_factory=list)
     skipped_lines: list[str] = field(default_factory=list)
+    # a session turn's line -> the session's next turn (released after its answer)
+    followups: dict[int, TraceRequest] = field(default_factory=dict)
 
     @property
     def num_requests(self) -> int:
-        return sum(len(g.requests) for g in self.groups)
+        return sum(len(g.requests) for g in self.groups) + len(self.followups)
 
     def requests(self) -> Iterator[TraceRequest]:
+        """Every request: the groups' in order, each followed by its session's later turns."""
         for group in self.groups:
-            yield from group.requests
+            for req in group.requests:
+                yield req
+                nxt = self.followups.get(req.line)
+                while nxt is not None:
+                    yield nxt
+                    nxt = self.followups.get(nxt.line)
+
+
+def context_parts(req: TraceRequest) -> list[TraceRequest]:
+    """A session turn's prompt parts in order. A turn's `context` is (the previous turn, its
+    answer, the new tokens), or (the new tokens) for a first turn: linked, so a session's
+    contexts take memory in its number of turns, not its square; walked here without
+    recursion, however long the session."""
+    stack: list[TraceRequest] = []
+    turn = req
+    while turn.context and turn.context[0].context:
+        stack.extend(reversed(turn.context[1:]))
+        turn = turn.context[0]
+    stack.extend(reversed(turn.context))
+    return stack[::-1]
 
 
 class PromptBuilder:
@@ -85,6 +121,8 @@ class PromptBuilder:
         self._filler = (np.arange(hash_block_tokens, dtype=np.int64) * 7919) % span + _LOW_ID
 
     def tokens(self, req: TraceRequest) -> TokenArray:
+        if req.context:
+            return np.concatenate([self.tokens(part) for part in context_parts(req)])
         if req.token_ids is not None:
             return req.token_ids
         ids = np.asarray(req.hash_ids or (), dtype=np.int64)
@@ -125,12 +163,16 @@ def request_units(
     `unit_tokens`-token chunks hashed the way LMCache keys them (the simulator's `PromptHasher`,
     chained over the whole prefix), or, for requests given as hash ids, the ids of their full
     blocks directly (one unit per hash block), which needs no tokens at all. Equal keys mean
-    equal prefixes up to the unit's end."""
+    equal prefixes up to the unit's end. A trace with sessions is hashed as tokens throughout:
+    a session turn's context is not a run of hash ids, and both kinds of key must meet."""
     hasher = PromptHasher(unit_tokens, unit_tokens)
+    by_ids = not workload.followups and not any(r.context for r in workload.requests())
     for req in workload.requests():
-        if req.hash_ids is not None:
+        if req.hash_ids is not None and by_ids:
             unit = builder.block
             keys = [-1 - h for h in req.hash_ids[: req.prompt_len // unit]]  # full blocks only
+        elif req.prompt_len > MAX_CONTEXT_TOKENS:
+            unit, keys = unit_tokens, []  # no model takes it: refused unbuilt when replayed
         else:
             unit = unit_tokens
             keys = hasher(builder.tokens(req))[1]

@@ -42,6 +42,7 @@ from kvops.report.prediction import summary_line
 from kvops.sim.lmcache_config import DEFAULT_GDS_BUFFER_MIB
 from kvops.sim.profiles import load_gpu, load_model, load_storage
 from kvops.workload.record import RequestRecord
+from kvops.workload.replay import load_trace, trace_spec
 from kvops.workload.spec import (
     PRESET_NAMES,
     REQUEST_ORDERS,
@@ -60,6 +61,8 @@ Examples:
   kvops ab-test --arm baseline=URL --arm offload=URL --workload my-traffic.yaml --json
   kvops ab-test --deploy -i inventories/prod --limit gpu1 --scenario multi-shared-prefix
                                                   # switch gpu1 baseline/offload per segment
+  kvops ab-test --arm baseline=URL --arm offload=URL --trace my-sessions.jsonl
+                                                  # your own traffic (see TRACES)
   kvops ab-test --resume runs/ab-gpu1             # continue an interrupted run
 \b
 Exit codes: 0 all requests succeeded; 1 some requests failed (counted per arm, records kept);
@@ -68,12 +71,43 @@ Exit codes: 0 all requests succeeded; 1 some requests failed (counted per arm, r
 
 WORKLOAD_REFERENCE = workload_reference("--workload FILE")
 
+TRACE_HELP = """
+\b
+TRACES (--trace FILE): one JSON object per line, the formats `kvops advise` reads:
+  {"timestamp": 0, "input_length": 6755, "output_length": 500, "hash_ids": [0, 1, 2]}
+  (Mooncake: timestamp in ms, hash_ids name 512-token blocks, equal ids = equal prefix;
+  also prompt_token_ids, prompt/text, arrival_s in s, output_tokens/max_tokens).
+  Sessions (multi-turn, agentic; as AIPerf and Mooncake write them):
+  {"session_id": "s1", "timestamp": 0, "input_length": 900, "output_length": 80, "hash_ids": [7]}
+  {"session_id": "s1", "delay": 2000, "input_length": 300, "output_length": 60, "hash_ids": [9]}
+  A later turn is sent `delay` ms after the previous turn's answer completed (closed loop),
+  and its hash_ids/input_length are only its NEW tokens: the prompt sent is the whole
+  context (earlier prompts, answers as tokens of their length, then the new tokens).
+\b
+  Each trial replays the whole trace in each arm (ABBA), cold, with no warm-up iteration;
+  prompts are the same in both arms of a trial and fresh in each trial. --scale shrinks
+  every length. A field kvops does not use is a warning; a line it cannot place in time
+  (no timestamp nor delay, a delay outside a session) is an error naming the line.
+"""
 
-def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> list[WorkloadSpec]:
-    if workload is not None and scenario is not None:
-        raise click.UsageError("give either --scenario or --workload, not both")
+
+def _scenarios(
+    scenario: str | None,
+    workload: Path | None,
+    scale: float,
+    trace: Path | None = None,
+    hash_block_tokens: int = 512,
+) -> list[WorkloadSpec]:
+    if sum(x is not None for x in (scenario, workload, trace)) > 1:
+        raise click.UsageError("give one of --scenario, --workload and --trace")
+    if trace is not None:
+        return [_trace_spec(trace, hash_block_tokens, scale, None)]
     if workload is not None:
-        specs = [load_spec_file(workload)]
+        spec = load_spec_file(workload)
+        if spec.trace is not None:
+            trace_path = Path(spec.trace)
+            return [_trace_spec(trace_path, spec.hash_block_tokens, scale, spec.name)]
+        specs = [spec]
     elif scenario in (None, "all"):
         specs = [load_preset(n) for n in (PRESET_NAMES if scenario == "all" else PRESET_NAMES[2:])]
     else:
@@ -81,7 +115,13 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     return [s.scaled(scale) for s in specs]
 
 
-@click.command("ab-test", epilog=EXAMPLES + WORKLOAD_REFERENCE)
+def _trace_spec(path: Path, hash_block_tokens: int, scale: float, name: str | None) -> WorkloadSpec:
+    """The scenario replaying a trace, read (strictly) now so that a bad line stops the run
+    before any engine starts (the run warns of what the reader noticed when it starts)."""
+    return trace_spec(path, load_trace(path, hash_block_tokens), scale, name)
+
+
+@click.command("ab-test", epilog=EXAMPLES + TRACE_HELP + WORKLOAD_REFERENCE)
 @click.option(
     "--arm",
     "arms",
@@ -103,6 +143,20 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     help="Workload spec YAML (strict: unknown keys are errors).",
 )
 @click.option(
+    "--trace",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    default=None,
+    help="Replay this JSONL trace in every arm and trial (Mooncake/AIPerf lines; session "
+    "traces as conversations, closed loop): see TRACES below.",
+)
+@click.option(
+    "--hash-block-tokens",
+    type=click.IntRange(1),
+    default=512,
+    show_default=True,
+    help="--trace: tokens per hash_ids block (512 in Mooncake traces).",
+)
+@click.option(
     "--scale",
     type=click.FloatRange(0, 1, min_open=True),
     default=1.0,
@@ -122,7 +176,8 @@ def _scenarios(scenario: str | None, workload: Path | None, scale: float) -> lis
     type=click.IntRange(0),
     default=1,
     show_default=True,
-    help="Leading iterations of each trial that are sent but not measured.",
+    help="Leading iterations of each trial that are sent but not measured (none with a "
+    "trace: it is replayed whole, cold).",
 )
 @click.option(
     "--reset-cache/--no-reset-cache",
@@ -375,9 +430,13 @@ def _campaign(a: CliArgs, req: AbTestRequest) -> Campaign:
     --scale shrinks them, as the presets are written)."""
     assert a.sweep is not None
     sweep = parse_sweep(a.sweep)
+    if a.trace is not None:
+        raise ValueError("--sweep varies a workload spec; a --trace is replayed as recorded")
     if a.scenario == "all":
         raise ValueError("--sweep runs one workload: give --scenario NAME or --workload FILE")
     (spec,) = _scenarios(a.scenario, a.workload, 1.0)
+    if spec.trace is not None:  # a workload YAML naming a trace
+        raise ValueError("--sweep varies a workload spec; a trace is replayed as recorded")
     if a.request_order is not None:
         spec = dataclasses.replace(spec, request_order=a.request_order)
     for value in sweep.values:  # every point checked before the first is measured
@@ -389,9 +448,9 @@ def _with_sweep_preset(a: CliArgs) -> CliArgs:
     """--sweep-preset NAME: its workload preset and sweep, as if given by hand."""
     if a.sweep_preset is None:
         return a
-    if a.sweep or a.scenario or a.workload:
+    if a.sweep or a.scenario or a.workload or a.trace:
         raise click.UsageError("--sweep-preset sets the workload and the sweep: drop --sweep, "
-                               "--scenario and --workload")  # fmt: skip
+                               "--scenario, --workload and --trace")  # fmt: skip
     preset = load_campaign_preset(a.sweep_preset)
     return dataclasses.replace(a, scenario=preset.scenario, sweep=preset.sweep)
 
@@ -519,6 +578,8 @@ class CliArgs:
     predict_gpu: str | None = None
     predict_storage: str | None = None
     evidence_dir: Path | None = None
+    trace: Path | None = None
+    hash_block_tokens: int = 512
 
 
 def _request(a: CliArgs) -> AbTestRequest:
@@ -538,12 +599,19 @@ def _request(a: CliArgs) -> AbTestRequest:
         raise ValueError("arm names must be unique")
     if a.model:
         arms = [Arm(arm.name, arm.url, a.model) for arm in arms]
-    scenarios = _scenarios(a.scenario, a.workload, a.scale)
+    scenarios = _scenarios(a.scenario, a.workload, a.scale, a.trace, a.hash_block_tokens)
+    replays = any(s.trace is not None for s in scenarios)
+    if replays and (a.workers or 1) > 1:
+        raise ValueError(
+            "--workers spreads generated workloads over processes; a trace's sessions are "
+            "sent from one (each turn waits for its previous answer)"
+        )
     if a.request_order is not None:
         scenarios = [dataclasses.replace(s, request_order=a.request_order) for s in scenarios]
     options = Options(
         trials=a.trials,
-        warmup_iterations=a.warmup_iterations,
+        # a trace is replayed whole, from a cold cache: there is no iteration to warm up with
+        warmup_iterations=0 if replays else a.warmup_iterations,
         reset_cache=a.reset_cache,
         timeout_s=a.timeout_s,
         stall_timeout_s=a.stall_timeout_s,

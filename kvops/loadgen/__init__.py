@@ -18,7 +18,8 @@ Stable API (other commands rely on it; keep it backward compatible):
 
 Other pieces: `JsonlWriter` / `read_records` (one JSON line per request, flushed as it
 completes), `SseParser` (vLLM's SSE rules), and `kvops.loadgen.runner` (batches, Poisson
-arrivals, concurrency caps, dispatch-lag and in-flight measurement, worker processes).
+arrivals, concurrency caps, trace sessions in closed loop, dispatch-lag and in-flight
+measurement, worker processes).
 """
 
 from kvops.loadgen.client import CompletionRequest, Endpoint, make_session, send_request

@@ -20,6 +20,7 @@ import numpy as np
 from kvops.loadgen.client import CompletionRequest, Endpoint, send_request
 from kvops.workload.generate import PlannedRequest
 from kvops.workload.record import RequestRecord
+from kvops.workload.replay import ReplaySession
 
 LOOP_TICK_S = 0.005
 # Thresholds past which client timing error could exceed ~1 ms (documented in the report).
@@ -55,6 +56,38 @@ def wire_requests(planned: Sequence[PlannedRequest], endpoint: Endpoint) -> list
         request.body(endpoint)
         out.append(WireRequest(p.iteration, p.batch, request))
     return out
+
+
+@dataclass
+class WireTurn:
+    """A session's turn as sent: `delay_s` after the previous turn's answer, not before `at_s`
+    after the replay's start (`kvops.workload.replay.ReplayTurn`)."""
+
+    wire: WireRequest
+    delay_s: float | None = None
+    at_s: float | None = None
+
+
+@dataclass
+class WireSession:
+    start_s: float
+    turns: list[WireTurn]
+
+
+def wire_sessions(sessions: Sequence[ReplaySession], endpoint: Endpoint) -> list[WireSession]:
+    """`wire_requests` for a trace replay's sessions: every body encoded before the clock."""
+    return [
+        WireSession(
+            s.start_s,
+            [
+                WireTurn(wire, t.delay_s, t.at_s)
+                for t, wire in zip(
+                    s.turns, wire_requests([t.planned for t in s.turns], endpoint), strict=True
+                )
+            ],
+        )
+        for s in sessions
+    ]
 
 
 @dataclass
@@ -215,15 +248,8 @@ class Runner:
 
         async def release(i: int, p: WireRequest) -> None:
             due = start + (offsets_s[i] if offsets_s else 0.0)
-            delay = due - time.perf_counter()
-            if delay > 0:
-                try:
-                    await asyncio.wait_for(self.stop.wait(), delay)
-                    return  # stopped before this request was due
-                except TimeoutError:
-                    pass
-            if self.stop.is_set():
-                return
+            if not await self._wait_until(due):
+                return  # stopped before this request was due
             if sem is not None:
                 async with sem:
                     if self.stop.is_set():
@@ -241,6 +267,57 @@ class Runner:
             await self._one(p, rec)
 
         tasks = [asyncio.create_task(release(i, p)) for i, p in enumerate(planned)]
+        await self._finish(tasks)
+        return records
+
+    async def run_sessions(
+        self, sessions: Sequence[WireSession], labels: Labels, start_at: float | None = None
+    ) -> list[RequestRecord]:
+        """Replay conversations in closed loop: a session's first turn is released at its
+        start after the replay's, each later turn its `delay_s` after the previous turn's
+        answer completed (and not before its `at_s`), as AIPerf paces a trace's sessions
+        (https://github.com/ai-dynamo/aiperf/blob/main/docs/benchmark-modes/trace-replay.md);
+        sessions run side by side. A failed turn does not end its session (the next prompt
+        does not depend on the answer). Dispatch lag counts from the moment a turn was due;
+        `stop` and the grace period act as in `run_group`."""
+        if self.stop.is_set():
+            return []
+        for session in sessions:
+            for turn in session.turns:
+                turn.wire.request.body(self.endpoint)  # encode before the clock starts
+        start = time.perf_counter() if start_at is None else start_at
+        records: list[RequestRecord] = []
+
+        async def converse(session: WireSession) -> None:
+            done: float | None = None
+            for turn in session.turns:
+                due = start + session.start_s if done is None else done + (turn.delay_s or 0.0)
+                if turn.at_s is not None:
+                    due = max(due, start + turn.at_s)
+                if not await self._wait_until(due):
+                    return
+                rec = self._record(turn.wire, labels, due)
+                records.append(rec)
+                await self._one(turn.wire, rec)
+                done = rec.end_perf_s or time.perf_counter()  # the answer's last byte
+
+        await self._finish([asyncio.create_task(converse(s)) for s in sessions])
+        return records
+
+    async def _wait_until(self, due: float) -> bool:
+        """Sleep until `due` (a perf_counter instant); False when `stop` came first."""
+        delay = due - time.perf_counter()
+        if delay > 0:
+            try:
+                await asyncio.wait_for(self.stop.wait(), delay)
+                return False
+            except TimeoutError:
+                pass
+        return not self.stop.is_set()
+
+    async def _finish(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Wait for every task; once `stop` is set, give streams in flight `grace_s`, then
+        cancel them (each is recorded as cancelled)."""
         all_done = asyncio.gather(*tasks, return_exceptions=True)
         stop_wait = asyncio.create_task(self.stop.wait())
         waiters: list[asyncio.Future[Any]] = [all_done, stop_wait]
@@ -251,4 +328,3 @@ class Runner:
                 t.cancel()
             await asyncio.gather(all_done, return_exceptions=True)
         stop_wait.cancel()
-        return records

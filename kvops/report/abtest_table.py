@@ -135,9 +135,11 @@ def _prediction_lines(prediction: Prediction, arm_names: list[str], console: Con
 def protocol_line(doc: RunResults, sc: ScenarioResult) -> str:
     """How the requests were sent, which changes what a cache can reuse: order, run seed."""
     seed = doc.run_seed
-    return f"requests {sc.workload.request_order}" + (
-        f", run seed {seed}" if seed is not None else ""
-    )
+    if sc.workload.trace is not None:  # --trace: its own order, arrivals and sessions
+        order = f"trace replayed as recorded ({sc.workload.description})"
+    else:
+        order = f"requests {sc.workload.request_order}"
+    return order + (f", run seed {seed}" if seed is not None else "")
 
 
 def _share(x: Any) -> str:

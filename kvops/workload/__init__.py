@@ -1,6 +1,7 @@
-"""Workloads: strict specs, the three presets, exact-length request generation, schedules, and
-the record of one request as measured (`record`: the load generator writes it, the metrics read
-it, neither through the other)."""
+"""Workloads: strict specs, the three presets, exact-length request generation, schedules,
+traces (`trace`: session traces included, read as conversations placed in time; `replay`: their
+prompts per trial), and the record of one request as measured (`record`: the load generator
+writes it, the metrics read it, neither through the other)."""
 
 from kvops.workload.generate import (
     Alphabet,

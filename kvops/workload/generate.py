@@ -121,6 +121,11 @@ def _render(alphabet: Alphabet, picks: np.ndarray) -> list[int] | str:
     return np.asarray(alphabet.ids)[picks].tolist()  # type: ignore[no-any-return]
 
 
+def render_picks(alphabet: Alphabet, picks: np.ndarray) -> list[int] | str:
+    """Alphabet indices as a prompt: token ids, or one-token words joined by spaces."""
+    return _render(alphabet, picks)
+
+
 def _join(head: list[int] | str, tail: list[int] | str) -> list[int] | str:
     if isinstance(head, str) and isinstance(tail, str):
         return head + tail

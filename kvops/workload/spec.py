@@ -22,6 +22,7 @@ from kvops.schema import load_strict, reference, spec_field
 
 PRESET_NAMES = ("unique-one-shot", "single-shared-prefix", "multi-shared-prefix")
 REQUEST_ORDERS = ("shuffled", "cyclic")
+TRACE_KEYS = ("trace", "hash_block_tokens", "trace_scale")
 
 
 class WorkloadSpecError(KvopsError, ValueError):
@@ -70,6 +71,18 @@ class WorkloadSpec:
     request_order: str = spec_field(
         "shuffled", choices=REQUEST_ORDERS, help="Order of an iteration's requests."
     )
+    trace: str | None = spec_field(
+        None,
+        help="A JSONL trace to replay instead (kvops ab-test --trace; a path relative to this "
+        "file): its arrivals, prefixes and sessions; lengths and counts above are then read "
+        "from it.",
+    )
+    hash_block_tokens: int = spec_field(
+        512, minimum=1, help="Trace: tokens per hash_ids block (512 in Mooncake traces)."
+    )
+    trace_scale: float = spec_field(
+        1.0, above=0, maximum=1, help="Trace: factor on its token counts (set by --scale)."
+    )
 
     @property
     def per_iteration(self) -> int:
@@ -91,6 +104,10 @@ class WorkloadSpec:
             return self
         if not 0 < scale <= 1.0:
             raise WorkloadSpecError(f"--scale must be in (0, 1], got {scale}")
+        if self.trace is not None:
+            raise WorkloadSpecError(
+                f"{self.name}: a trace is scaled when it is read (kvops.workload.replay)"
+            )
 
         def s(n: int, floor: int) -> int:
             return max(floor, round(n * scale)) if n else 0
@@ -106,6 +123,9 @@ class WorkloadSpec:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        if d["trace"] is None:  # a generated workload's spec reads (and records) as before
+            for key in TRACE_KEYS:
+                del d[key]
         if d["rate"] is not None and math.isinf(d["rate"]):
             d["rate"] = "inf"
         return d
@@ -157,6 +177,8 @@ def load_spec_file(path: Path) -> WorkloadSpec:
     spec = spec_from_dict(data, str(path))
     if "name" not in data:
         spec = dataclasses.replace(spec, name="custom")
+    if spec.trace is not None and not Path(spec.trace).is_absolute():
+        spec = dataclasses.replace(spec, trace=str(path.parent / spec.trace))
     return spec
 
 
