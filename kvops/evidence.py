@@ -288,7 +288,8 @@ ITEM_SOURCES: dict[str, str] = {
     # server declared ..." on other hosts.
     LMCACHE_SERVER_UNIT_SHOW: (
         "command ['systemctl', 'show', <lmcache_server_service>, '-p', "
-        "'ActiveState,MainPID,InvocationID']. Only with settings.lmcache_server_service."
+        "'ActiveState,MainPID,InvocationID,ExecStart'] (older probes: without ExecStart). "
+        "Only with settings.lmcache_server_service."
     ),
     LMCACHE_SERVER_JOURNAL: (
         "command as vllm_journal for <lmcache_server_service> (the server's current run). "

@@ -218,6 +218,7 @@ def host_store(document: Mapping[str, Any]) -> HostStore | None:
     def text(value: Any) -> str | None:
         return None if value is None else clip(str(value))
 
+    server = _server_argv(ctx) if server_mode else None
     settings: dict[str, str | None] = {
         "model": text(_model(ctx)),
         "chunk_size": text(config.value("chunk_size")) if config else None,
@@ -233,6 +234,10 @@ def host_store(document: Mapping[str, Any]) -> HostStore | None:
         "dtype": _dtype(ctx),
         "LMCache version": text(ctx.lmcache_version),
     }
+    if server is not None:  # the server hashes and chunks for every vLLM it serves
+        settings["chunk_size"] = text(flag_value(server, ("--chunk-size",)) or SERVER_DEFAULT)
+        algorithm = flag_value(server, ("--hash-algorithm",))
+        settings["hash_algorithm"] = text(algorithm or SERVER_DEFAULT)
     if settings["PYTHONHASHSEED"] is None and env is not None and not server_mode:
         settings["PYTHONHASHSEED"] = "(unset: random)"
     stores = sorted({k for p in _gds_paths(ctx, server_mode) if (k := store_key(ctx, p))})
@@ -248,6 +253,18 @@ def host_store(document: Mapping[str, Any]) -> HostStore | None:
         prune=prune,
         prune_probed=probed,
     )
+
+
+SERVER_DEFAULT = "(lmcache server default)"
+
+
+def _server_argv(ctx: Context) -> list[str] | None:
+    """`lmcache server`'s argv from its unit's ExecStart (`systemctl show`), else None."""
+    for line in (ctx.text(ev.LMCACHE_SERVER_UNIT_SHOW) or "").splitlines():
+        if line.startswith("ExecStart="):
+            _, sep, rest = line.partition("argv[]=")
+            return split_command(rest.partition(" ;")[0]) if sep else None
+    return None
 
 
 def _dtype(ctx: Context) -> str | None:

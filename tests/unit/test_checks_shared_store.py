@@ -211,3 +211,33 @@ def test_models_root_is_the_fallback_model_string() -> None:
 
 def test_judge_alone_has_no_fleet_ids() -> None:
     assert not {f.check_id for f in judge(eb.healthy())} & fleet_check_ids()
+
+
+def mp_host(name: str, *server_flags: str) -> dict[str, Any]:
+    """An offload_mp host: vLLM with LMCacheMPConnector, `lmcache server` run by its unit."""
+    doc = host(name)
+    doc["settings"]["lmcache_server_service"] = "lmcache.service"
+    connector = '{"kv_connector":"LMCacheMPConnector","kv_role":"kv_both"}'
+    argv = ["/opt/vllm/bin/vllm", "serve", eb.MODEL, "--kv-transfer-config", connector]
+    doc["items"]["vllm_process"]["data"]["argv"] = argv
+    server = " ".join(["/opt/kvops/vllm-venv/bin/lmcache", "server", *server_flags])
+    doc["items"]["lmcache_server_unit_show"] = eb.command(
+        ["systemctl", "show", "--no-pager", "lmcache.service", "-p", "ActiveState,ExecStart"],
+        f"ActiveState=active\nExecStart={{ path=/opt/kvops/vllm-venv/bin/lmcache ; "
+        f"argv[]={server} ; ignore_errors=no }}\n",
+        synthetic=True,
+    )
+    return doc
+
+
+def test_server_mode_hosts_compare_the_servers_chunk_size_and_hash() -> None:
+    same = results(mp_host("a", "--chunk-size", "256"), mp_host("b", "--chunk-size", "256"))
+    assert same["a"]["GDS-090"][0] == "PASS"
+    assert same["a"]["GDS-092"][0] == "SKIP"  # the L2 adapter's layout: not kvops gds prune's
+    out = results(
+        mp_host("a", "--hash-algorithm", "blake3"), mp_host("b", "--hash-algorithm", "sha256_cbor")
+    )
+    severity, message = out["b"]["GDS-090"]
+    assert severity == "FAIL" and "hash_algorithm: 'blake3' (a) vs 'sha256_cbor' (b)" in message
+    mixed = results(host("a", prunes=True), mp_host("b"))
+    assert mixed["b"]["GDS-090"][0] == "FAIL"  # builtin (in-process) vs the server's default
