@@ -241,3 +241,22 @@ def test_server_mode_hosts_compare_the_servers_chunk_size_and_hash() -> None:
     assert severity == "FAIL" and "hash_algorithm: 'blake3' (a) vs 'sha256_cbor' (b)" in message
     mixed = results(host("a", prunes=True), mp_host("b"))
     assert mixed["b"]["GDS-090"][0] == "FAIL"  # builtin (in-process) vs the server's default
+
+
+def test_saved_bundles_judged_as_a_fleet() -> None:
+    """fleet/: the healthy host prunes the directory all share; broken/: nobody does."""
+    from kvops.validate.judge import load_evidence
+
+    def by_host(bundle: str) -> dict[str, set[tuple[str, str]]]:
+        fleet = judge_fleet(load_evidence(eb.EVIDENCE_DIR / bundle))
+        return {
+            h: {(f.check_id, str(f.severity)) for f in fs if f.check_id in fleet_check_ids()}
+            for h, fs in fleet.findings.items()
+        }
+
+    whole = by_host("fleet")
+    assert whole.pop("unreachable") == set()
+    expected = {("GDS-090", "PASS"), ("GDS-091", "PASS"), ("GDS-092", "PASS")}
+    assert all(found == expected for found in whole.values()), whole
+    broken = by_host("broken")
+    assert all(("GDS-092", "WARN") in found for found in broken.values()), broken
