@@ -307,16 +307,18 @@ def _unknown(members: Sequence[HostStore], labels: Sequence[str]) -> list[str]:
 def _judge_agreement(group: _Group) -> Finding:
     others = len(group.members) - 1
     if others == 0:
-        return finding("GDS-090", Severity.PASS, f"no other host of this run shares {group.store}")
+        return finding(
+            "GDS-090", Severity.PASS, f"no other host of this run shares {clip(group.store)}"
+        )
     names = _hosts(m.host for m in group.members)
     must = _differences(group.members, MUST_AGREE)
     if must:
-        msg = f"{group.store} is shared by {names}, which disagree: " + "; ".join(must)
+        msg = f"{clip(group.store)} is shared by {names}, which disagree: " + "; ".join(must)
         return finding("GDS-090", Severity.FAIL, msg, "\n".join(must))
     should = _differences(group.members, SHOULD_AGREE)
     if should:
         msg = (
-            f"{group.store} is shared by {names}, which keep separate caches in it "
+            f"{clip(group.store)} is shared by {names}, which keep separate caches in it "
             "(their chunks never match): " + "; ".join(should)
         )
         remedy = (
@@ -325,7 +327,7 @@ def _judge_agreement(group: _Group) -> Finding:
         )
         return finding("GDS-090", Severity.WARN, msg, "\n".join(should), remedy)
     unknown = _unknown(group.members, MUST_AGREE)
-    msg = f"{group.store} is shared by {names}: {', '.join(MUST_AGREE)} agree"
+    msg = f"{clip(group.store)} is shared by {names}: {', '.join(MUST_AGREE)} agree"
     if unknown:
         msg += " (not known, so not compared: " + "; ".join(unknown) + ")"
     return finding("GDS-090", Severity.PASS, msg)
@@ -355,12 +357,13 @@ def _judge_local_disk(member: HostStore, everyone: Sequence[HostStore]) -> Findi
         who = (
             f"shared with {_hosts(clash)}"
             if clash
-            else f"inside its own GDS directory {own_gds[0]}"
+            else f"inside its own GDS directory {clip(own_gds[0])}"
         )
-        msg = f"local_disk {member.local_disk_path} ({mine}) is {who}"
+        msg = f"local_disk {member.local_disk_path} ({clip(mine)}) is {who}"
         return finding("GDS-091", Severity.FAIL, msg)
     msg = (
-        f"local_disk {member.local_disk_path} is on NFS ({mine}); no other host of this run uses it"
+        f"local_disk {member.local_disk_path} is on NFS ({clip(mine)}); "
+        "no other host of this run uses it"
     )
     return finding("GDS-091", Severity.PASS, msg)
 
@@ -389,10 +392,13 @@ def _judge_pruning(group: _Group) -> Finding:
     if len(pruners) == 1:
         timer = pruners[0].prune
         what = f" ({timer.timer})" if timer else ""
-        return finding("GDS-092", Severity.PASS, f"{group.store} pruned by {pruners[0].host}{what}")
+        return finding(
+            "GDS-092", Severity.PASS, f"{clip(group.store)} pruned by {pruners[0].host}{what}"
+        )
     if pruners:
         msg = (
-            f"{group.store} pruned by {len(pruners)} hosts ({_hosts(p.host for p in pruners)}): "
+            f"{clip(group.store)} pruned by {len(pruners)} hosts "
+            f"({_hosts(p.host for p in pruners)}): "
             "their budgets compete and their removals race; one is enough"
         )
         return finding(
@@ -400,12 +406,12 @@ def _judge_pruning(group: _Group) -> Finding:
         )
     seen = [
         f"{m.host}: {m.prune.timer} {m.prune.state}"
-        + (f" prunes {m.prune.store or m.prune.directory}" if m.prune.directory else "")
+        + (f" prunes {clip(m.prune.store or m.prune.directory)}" if m.prune.directory else "")
         for m in members
         if m.prune is not None
     ]
     msg = (
-        f"no host of this run prunes {group.store}: LMCache never evicts, so it fills until "
+        f"no host of this run prunes {clip(group.store)}: LMCache never evicts, so it fills until "
         "the volume is full (a host outside this run may prune it)"
     )
     return finding("GDS-092", Severity.WARN, msg, "\n".join(seen))
