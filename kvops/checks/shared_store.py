@@ -1,8 +1,9 @@
 """Offload hosts that share one GDS directory, judged together: pure, list of evidence → findings.
 
 A directory is shared when it is the same path inside the same NFS export (`server:/export`
-of the mount it resolves to, plus the path below the mount point). Why hosts sharing it must
-agree, from LMCache 0.5.6 (`lmcache/utils.py` l.467-475, `token_database.py`,
+of the mount it resolves to, plus the path below the mount point; the server is the SVM that
+owns the mounted data LIF when ONTAP was read, else the address in the mount source). Why
+hosts sharing it must agree, from LMCache 0.5.6 (`lmcache/utils.py` l.467-475, `token_database.py`,
 `gds_backend.py`) and vLLM 0.34 (`v1/core/kv_cache_utils.py`):
 
 - A chunk's file name holds `{model}@{world_size}@{worker_id}@{chunk_hash}@{kv_dtype}`, where
@@ -89,9 +90,10 @@ class _Group:
     members: list[HostStore] = field(default_factory=list)
 
 
-def store_key(ctx: Context, path: str) -> str | None:
+def store_key(ctx: Context, path: str, servers: Mapping[str, str] | None = None) -> str | None:
     """`server:/export/path/below/mount` for a path on an NFS mount, else None (a local path
-    is never shared). The server part is compared as written in the mount source."""
+    is never shared). The server is the SVM that owns the mounted LIF address where ONTAP was
+    read (`servers`, from `--ontap`), else the address as written in the mount source."""
     table = ctx.mounts
     real = ctx.real_path(path)
     mount = table.mount_for(real) if table is not None else None
@@ -102,7 +104,8 @@ def store_key(ctx: Context, path: str) -> str | None:
         return None
     below = posixpath.relpath(posixpath.normpath(real), posixpath.normpath(mount.mount_point))
     joined = posixpath.normpath(export if below == "." else posixpath.join(export, below))
-    return f"{server.lower()}:{joined}"
+    owner = (servers or {}).get(server.strip("[]"))
+    return f"{owner or server.lower()}:{joined}"
 
 
 def _model(ctx: Context) -> str | None:
@@ -153,7 +156,9 @@ def _local_disk(ctx: Context, server_mode: bool) -> str | None:
     return path[len("file://") :] if path.startswith("file://") else path
 
 
-def _prune_timer(ctx: Context) -> tuple[PruneTimer | None, bool]:
+def _prune_timer(
+    ctx: Context, servers: Mapping[str, str] | None = None
+) -> tuple[PruneTimer | None, bool]:
     """(the timer, whether it was probed): `systemctl show` blocks of the timer and its
     service; the pruned directory is the argument after `prune` in the service's ExecStart."""
     item = ctx.item(ev.GDS_PRUNE_TIMER)
@@ -182,7 +187,7 @@ def _prune_timer(ctx: Context) -> tuple[PruneTimer | None, bool]:
     )
     state = "/".join(timer.get(k, "?") for k in ("LoadState", "UnitFileState", "ActiveState"))
     directory = _pruned_directory(service.get("ExecStart", ""))
-    store = store_key(ctx, directory) if directory else None
+    store = store_key(ctx, directory, servers) if directory else None
     return PruneTimer(clip(timer["Id"]), active, clip(state), directory, store), True
 
 
@@ -205,7 +210,9 @@ def _pruned_directory(exec_start: str) -> str | None:
 _PRUNE_VALUED = frozenset({"--max-bytes", "--max-age", "--min-age", "--tmp-age"})
 
 
-def host_store(document: Mapping[str, Any]) -> HostStore | None:
+def host_store(
+    document: Mapping[str, Any], servers: Mapping[str, str] | None = None
+) -> HostStore | None:
     """What the judges compare about one offload host; None for any other host."""
     ctx = Context(dict(document), Thresholds())
     if document.get("error") or ctx.role != ev.ROLE_OFFLOAD:
@@ -240,14 +247,15 @@ def host_store(document: Mapping[str, Any]) -> HostStore | None:
         settings["hash_algorithm"] = text(algorithm or SERVER_DEFAULT)
     if settings["PYTHONHASHSEED"] is None and env is not None and not server_mode:
         settings["PYTHONHASHSEED"] = "(unset: random)"
-    stores = sorted({k for p in _gds_paths(ctx, server_mode) if (k := store_key(ctx, p))})
+    paths = _gds_paths(ctx, server_mode)
+    stores = sorted({k for p in paths if (k := store_key(ctx, p, servers))})
     local_disk = _local_disk(ctx, server_mode)
-    prune, probed = _prune_timer(ctx)
+    prune, probed = _prune_timer(ctx, servers)
     return HostStore(
         host=str(document.get("host") or "?"),
         stores=stores,
         settings=settings,
-        local_disk_store=store_key(ctx, local_disk) if local_disk else None,
+        local_disk_store=store_key(ctx, local_disk, servers) if local_disk else None,
         local_disk_path=clip(local_disk) if local_disk else None,
         server_mode=server_mode,
         prune=prune,
@@ -417,16 +425,19 @@ def _judge_pruning(group: _Group) -> Finding:
     return finding("GDS-092", Severity.WARN, msg, "\n".join(seen))
 
 
-def judge_shared_stores(documents: Iterable[Mapping[str, Any]]) -> dict[str, list[Finding]]:
+def judge_shared_stores(
+    documents: Iterable[Mapping[str, Any]], servers: Mapping[str, str] | None = None
+) -> dict[str, list[Finding]]:
     """host → its GDS-090/091/092 findings (each carries the host name), for every probed
-    host; hosts that were not probed get none (GDS-000 already says why)."""
+    host; hosts that were not probed get none (GDS-000 already says why). `servers` maps an
+    ONTAP data LIF address to its `cluster/svm` (`kvops.checks.ontap.lif_owners`)."""
     out: dict[str, list[Finding]] = {}
     members: list[HostStore] = []
     for document in documents:
         name = str(document.get("host") or "?")
         if document.get("error"):
             continue
-        member = host_store(document)
+        member = host_store(document, servers)
         if member is None:
             why = "not an offload host: it writes no KV to a GDS directory"
             out[name] = [_with(finding(i, Severity.SKIP, why), name) for i in _IDS]

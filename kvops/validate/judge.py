@@ -24,7 +24,7 @@ from kvops.checks import (
 )
 from kvops.checks.fleet import FleetResult
 from kvops.checks.model import finding
-from kvops.checks.ontap import OntapThresholds, judge_ontap
+from kvops.checks.ontap import OntapThresholds, judge_ontap, lif_owners
 from kvops.checks.shared_store import judge_shared_stores
 from kvops.errors import KvopsError
 
@@ -86,7 +86,8 @@ def judge_fleet(
         if document.get("error"):
             result.unreachable.append(host)
     try:
-        shared = judge_shared_stores(hosts)
+        owners = {a: o for cluster in clusters for a, o in lif_owners(cluster).items()}
+        shared = judge_shared_stores(hosts, owners)
     except Exception as exc:  # a judge bug must not hide the hosts' own findings
         crashed = Finding("GDS-090", Severity.FAIL, "Check crashed", f"shared stores: {exc!r}")
         shared = {h: [crashed] for h in result.findings if h not in result.unreachable}

@@ -260,3 +260,31 @@ def test_saved_bundles_judged_as_a_fleet() -> None:
     assert all(found == expected for found in whole.values()), whole
     broken = by_host("broken")
     assert all(("GDS-092", "WARN") in found for found in broken.values()), broken
+
+
+def test_hosts_mounting_one_svm_through_different_lifs_share_its_store() -> None:
+    """With ONTAP read (`--ontap`), the mount's server is the SVM that owns the LIF address."""
+    from kvops.checks.ontap import lif_owners
+
+    other_lif = host("b")
+    mounts = other_lif["items"]["mounts"]
+    mounts["stdout"] = mounts["stdout"].replace("192.168.10.101:/", "192.168.10.102:/")
+    lmcache_yaml(other_lif, eb.LMCACHE_YAML.replace("256", "512"))
+    apart = results(host("a", prunes=True), other_lif)
+    assert apart["b"]["GDS-090"][0] == "PASS"  # two servers as far as the mounts say
+    cluster = {
+        "host": "ontap-cluster-01",
+        "cluster": {"name": "c1"},
+        "svm": "svm_kv",
+        "lifs": [
+            {"name": "lif1", "ip": {"address": "192.168.10.101"}},
+            {"name": "lif2", "ip": {"address": "192.168.10.102"}},
+        ],
+    }
+    owners = lif_owners(cluster)
+    assert owners == {"192.168.10.101": "c1/svm_kv", "192.168.10.102": "c1/svm_kv"}
+    out = judge_shared_stores([host("a", prunes=True), other_lif], owners)
+    [agreement] = [f for f in out["b"] if f.check_id == "GDS-090"]
+    assert agreement.severity is Severity.FAIL
+    assert agreement.message.startswith("c1/svm_kv:/trident_pvc_")
+    assert "chunk_size: '256' (a) vs '512' (b)" in agreement.message
