@@ -475,3 +475,42 @@ def test_a_failed_deploy_stops_ab_test_with_the_plays_error(
     finally:
         restored = run_deploy(deploy_lab, wheel_vars, limit=OFFLOAD)
         assert restored.returncode == 0, explain(restored)
+
+
+def test_validate_fails_two_offload_hosts_sharing_the_store_with_other_chunk_sizes(
+    deploy_lab: LabHosts,
+    wheel_vars: dict[str, Any],
+    deployed: subprocess.CompletedProcess[str],
+    tmp_path: Path,
+) -> None:
+    """kvlab-2 deployed as a second offload host on the same export path (the mount double
+    shows both as the same NFS export), with chunk_size 512 against kvlab-1's 256: every
+    chunk key differs, no host would hit on the other's chunks, and validate FAILs GDS-090 on
+    both, naming the chunk size. kvlab-2 is the baseline host again afterwards."""
+    second = {"vllm_lmcache_variant": "offload", "vllm_lmcache_chunk_size": 512}
+    offload_role = tmp_path / "second-offload.yml"
+    offload_role.write_text(
+        yaml.safe_dump({"all": {"hosts": {BASELINE: {"kvops_role": "offload"}}}})
+    )
+    here = Path(__file__).parent
+    argv = [str(Path(sys.executable).parent / "kvops"), "validate", "--json"]
+    for source in (
+        deploy_lab.inventory_path, SITE_VARS, here / "validate_lab_vars.yml", DEPLOY_VARS,
+        offload_role,
+    ):  # fmt: skip
+        argv += ["-i", str(source)]
+    try:
+        proc = run_deploy(deploy_lab, wheel_vars, limit=BASELINE, extra_vars=second)
+        assert proc.returncode == 0, explain(proc)
+        judged = subprocess.run(
+            argv, capture_output=True, text=True, env=deploy_lab.env(), timeout=600
+        )
+        assert judged.returncode == 1, judged.stderr[-3000:]
+        hosts = json.loads(judged.stdout)["hosts"]
+        for name in (OFFLOAD, BASELINE):
+            [agreement] = [f for f in hosts[name]["findings"] if f["check_id"] == "GDS-090"]
+            assert agreement["severity"] == "FAIL", agreement
+            assert "chunk_size: '256' (kvlab-1) vs '512' (kvlab-2)" in agreement["message"]
+    finally:
+        restored = run_deploy(deploy_lab, wheel_vars, limit=BASELINE)
+        assert restored.returncode == 0, explain(restored)
