@@ -80,6 +80,7 @@ class Settings(TypedDict, total=False):
     min_free_gib: float  # this host's GDS-directory free-space floor (beats --min-free-gib)
     lmcache_server_service: str  # offload_mp: LMCache server's unit, e.g. "lmcache.service"
     lmcache_server_url: str  # offload_mp: its HTTP frontend, e.g. "http://127.0.0.1:8080"
+    gds_prune_timer: str  # timer running `kvops gds prune` (default "kvops-gds-prune.timer")
 
 
 class Evidence(TypedDict, total=False):
@@ -129,6 +130,7 @@ VLLM_JOURNAL_PROBLEMS = "vllm_journal_problems"
 VLLM_CONFIG_FILE = "vllm_config_file"
 VLLM_WRAPPER = "vllm_wrapper"
 GDS_DIR = "gds_dir"
+GDS_PRUNE_TIMER = "gds_prune_timer"
 HTTP_HEALTH = "http_health"
 HTTP_VERSION = "http_version"
 HTTP_MODELS = "http_models"
@@ -265,10 +267,18 @@ ITEM_SOURCES: dict[str, str] = {
         "'GDS directory <path> did not answer in N s' (data exists: None) when it hangs; "
         "data = {'exists': bool, 'is_dir': bool, 'file_count': int, "
         "'bytes': int, 'tmp_file_count': int, 'tmp_files': [first paths], 'free_bytes': int, "
-        "'total_bytes': int, 'owner': str, 'group': str, 'mode': '0o2775', "
-        "'service_user': str, 'writable_by_service_user': bool|None}. tmp files = names "
+        "'total_bytes': int, 'owner': str, 'group': str, 'owner_uid': int, 'owner_gid': int, "
+        "'mode': '0o2775', 'service_user': str, 'writable_by_service_user': bool|None, "
+        "'service_uid': int|None, 'service_gid': int|None (the service user's ids on this "
+        "host)}. tmp files = names "
         "containing '.tmp' (LMCache writes <file>.tmp<hex> then renames). `error` may be set "
         "with partial data (cannot stat → exists false; walk stopped early)."
+    ),
+    GDS_PRUNE_TIMER: (
+        "command ['systemctl', 'show', '--no-pager', <timer>, <timer's .service>, '-p', "
+        "'Id,LoadState,UnitFileState,ActiveState,ExecStart'] (one KEY=VALUE block per unit); "
+        "<timer> = settings.gds_prune_timer, else 'kvops-gds-prune.timer' (role vllm_lmcache); "
+        "error set without running anything when the name is not a timer unit name."
     ),
     HTTP_HEALTH: "http GET <vllm_url>/health (200 healthy, 503 engine dead).",
     HTTP_VERSION: "http GET <vllm_url>/version (body {'version': 'x.y.z'}).",
@@ -278,7 +288,8 @@ ITEM_SOURCES: dict[str, str] = {
     # server declared ..." on other hosts.
     LMCACHE_SERVER_UNIT_SHOW: (
         "command ['systemctl', 'show', <lmcache_server_service>, '-p', "
-        "'ActiveState,MainPID,InvocationID']. Only with settings.lmcache_server_service."
+        "'ActiveState,MainPID,InvocationID,ExecStart'] (older probes: without ExecStart). "
+        "Only with settings.lmcache_server_service."
     ),
     LMCACHE_SERVER_JOURNAL: (
         "command as vllm_journal for <lmcache_server_service> (the server's current run). "

@@ -168,6 +168,34 @@ def _show_gids_at_clientaddr() -> str:
     return text.replace("192.168.10.2 ", "192.168.10.30")
 
 
+# `systemctl show` of the role's prune timer and its service, in systemd's KEY=VALUE form
+# (ExecStart as systemd prints an exec command line: `{ path=... ; argv[]=... ; ... }`).
+PRUNE_SHOW = ["systemctl", "show", "--no-pager"]
+PRUNE_TIMER = "kvops-gds-prune.timer"
+PRUNE_SERVICE = "kvops-gds-prune.service"
+PRUNE_PROPERTIES = "Id,LoadState,UnitFileState,ActiveState,ExecStart"
+PRUNE_ARGV = f"/opt/kvops/vllm-venv/bin/kvops gds prune {GDS_DIR} --max-bytes 800G"
+
+
+def prune_show(active: bool, directory: str = GDS_DIR) -> str:
+    """The timer and service blocks on the pruning host (active) or on a host the role left
+    without a timer (not-found: the units do not exist there)."""
+    if not active:
+        return (
+            f"Id={PRUNE_TIMER}\nLoadState=not-found\nUnitFileState=\nActiveState=inactive\n\n"
+            f"Id={PRUNE_SERVICE}\nLoadState=not-found\nUnitFileState=\nActiveState=inactive\n"
+            "ExecStart=\n"
+        )
+    argv = PRUNE_ARGV.replace(GDS_DIR, directory)
+    return (
+        f"Id={PRUNE_TIMER}\nLoadState=loaded\nUnitFileState=enabled\nActiveState=active\n\n"
+        f"Id={PRUNE_SERVICE}\nLoadState=loaded\nUnitFileState=static\nActiveState=inactive\n"
+        f"ExecStart={{ path=/opt/kvops/vllm-venv/bin/kvops ; argv[]={argv} ; "
+        "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; "
+        "status=0/0 }\n"
+    )
+
+
 def healthy() -> dict[str, Any]:
     """The NetApp ONTAP NFSv4.1/RDMA host (L40S, OpenShift recording) set up as kvops wants."""
     gdsio = fixture("gdsio/openshift-l40s-netapp-nfs-rdma.txt").splitlines()
@@ -282,11 +310,20 @@ def healthy() -> dict[str, Any]:
                 "total_bytes": 1024 * 2**30,
                 "owner": "vllm",
                 "group": "vllm",
+                "owner_uid": 990,
+                "owner_gid": 990,
                 "mode": "0o2775",
                 "service_user": "vllm",
                 "writable_by_service_user": True,
+                "service_uid": 990,
+                "service_gid": 990,
                 "resolved_paths": {GDS_DIR: GDS_DIR},
             },
+        ),
+        "gds_prune_timer": command(
+            [*PRUNE_SHOW, PRUNE_TIMER, PRUNE_SERVICE, "-p", PRUNE_PROPERTIES],
+            prune_show(active=True),
+            synthetic=True,
         ),
         "http_health": http_item("http://127.0.0.1:8000/health", 200, ""),
         "http_version": http_item("http://127.0.0.1:8000/version", 200, '{"version": "0.34.0"}'),
@@ -319,6 +356,9 @@ def healthy() -> dict[str, Any]:
 def _variant(host: str, edit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     doc = copy.deepcopy(healthy())
     doc["host"] = host
+    # One host prunes a shared directory (the role's vllm_lmcache_prune_host): the variants,
+    # which share the healthy host's directory in the fleet bundle, have no timer.
+    doc["items"]["gds_prune_timer"]["stdout"] = prune_show(active=False)
     edit(doc["items"])
     return doc
 

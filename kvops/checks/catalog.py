@@ -275,6 +275,41 @@ _ROWS = [
         "Free space above threshold",
         "Free space on the export (LMCache's GDS backend never evicts) or grow the volume.",
     ),
+    (
+        "GDS-083",
+        "gds_dir",
+        "GDS directory's file system below the fill threshold",
+        "Prune the store (`kvops gds prune DIR --max-bytes SIZE`, or the role's timer: "
+        "vllm_lmcache_prune_host, vllm_lmcache_prune_max_bytes) or grow the volume; LMCache's "
+        "GDS backend never evicts.",
+    ),
+    # GDS-09x: judged across hosts (kvops/checks/shared_store.py): the offload hosts whose GDS
+    # directory is one directory on one export.
+    (
+        "GDS-090",
+        "shared_store",
+        "Hosts sharing a GDS directory agree on what the chunk keys hold",
+        "Give every host that shares the directory the same --model string, LMCache "
+        "chunk_size, pre_caching_hash_algorithm, PYTHONHASHSEED and service uid/gid (role "
+        "vllm_lmcache from one inventory group), or give each setup its own directory "
+        "(vllm_lmcache_gds_store: one per model revision, KV dtype and TP layout).",
+    ),
+    (
+        "GDS-091",
+        "shared_store",
+        "No LMCache local_disk path shared between hosts",
+        "Point each host's local_disk at local storage (or drop it): LMCache's local_disk "
+        "backend writes its files in place, indexes only its own and deletes them on eviction; "
+        "share KV through the GDS directory instead.",
+    ),
+    (
+        "GDS-092",
+        "shared_store",
+        "A host prunes each GDS directory",
+        "Name one host per directory in vllm_lmcache_prune_host with a budget "
+        "(vllm_lmcache_prune_max_bytes / _max_age) and rerun playbooks/deploy.yml; its "
+        "kvops-gds-prune.timer runs `kvops gds prune`.",
+    ),
     # GDS-2xx: `kvops smoke`, judged on a running engine (kvops/smoke/judge.py), not on a probe.
     (
         "GDS-200",
@@ -426,9 +461,20 @@ CATALOG: dict[str, CheckInfo] = {row[0]: CheckInfo(*row) for row in _ROWS}
 
 
 def validate_check_ids() -> set[str]:
-    """The ids `kvops validate` judges on each GPU host: every concern but `smoke` (judged by
-    `kvops smoke`) and `ontap` (judged per cluster and host by `kvops validate --ontap`)."""
-    return {key for key, info in CATALOG.items() if info.concern not in ("smoke", "ontap")}
+    """The ids `kvops validate` judges on each GPU host alone: every concern but `smoke`
+    (judged by `kvops smoke`), `ontap` (judged per cluster and host by `kvops validate
+    --ontap`) and `shared_store` (judged across the fleet's hosts: `fleet_check_ids`)."""
+    return {
+        key for key, info in CATALOG.items() if info.concern not in ("smoke", "ontap", SHARED_STORE)
+    }
+
+
+SHARED_STORE = "shared_store"
+
+
+def fleet_check_ids() -> set[str]:
+    """The ids judged across hosts (`judge_fleet`): every offload host gets one of each."""
+    return {key for key, info in CATALOG.items() if info.concern == SHARED_STORE}
 
 
 def catalog_rows() -> list[CheckInfo]:

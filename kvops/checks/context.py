@@ -58,6 +58,11 @@ def _flag(argv: list[str], names: tuple[str, ...]) -> str | None:
     return raw
 
 
+# Public names for the fleet judges (kvops/checks/shared_store.py).
+split_command = _split
+flag_value = _flag
+
+
 def _json_or_raw(raw: str) -> dict[str, Any] | str:
     try:
         parsed = json.loads(raw)
@@ -249,6 +254,11 @@ class Context:
             if "kv-transfer-config" in line or "kv_transfer_config" in line:
                 out.append(("wrapper script", _split(line.strip())))
         return out
+
+    @property
+    def launch_argvs(self) -> list[list[str]]:
+        """Every command line that may carry vLLM's arguments (see `_launch_argvs`)."""
+        return [argv for _, argv in self._launch_argvs]
 
     @cached_property
     def kv_transfer_config_source(self) -> str | None:

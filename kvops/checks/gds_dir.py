@@ -92,9 +92,31 @@ def check_free_space(ctx: Context) -> list[Finding]:
     return [finding("GDS-082", Severity.PASS, msg, _summary(data))]
 
 
+def check_fill(ctx: Context) -> list[Finding]:
+    """The file system under the directory, from statvfs: LMCache's GDS backend never evicts
+    (LMCache #1724), so a store above the threshold is filling and nothing will stop it but a
+    pruner (`kvops gds prune`, the role's timer) or a larger volume."""
+    data = ctx.data(ev.GDS_DIR, partial_ok=True) or {}
+    free, total = _count(data.get("free_bytes")), _count(data.get("total_bytes"))
+    if free is None or not total:
+        return [finding("GDS-083", Severity.SKIP, "size of the file system not reported")]
+    used_pct = 100.0 * (total - min(free, total)) / total
+    limit = ctx.thresholds.max_fill_percent
+    msg = f"{used_pct:.1f}% full ({free / GIB:.1f} of {total / GIB:.1f} GiB free)"
+    if used_pct > limit:
+        return [finding("GDS-083", Severity.WARN, f"{msg}, above {limit:g}%", _summary(data))]
+    return [finding("GDS-083", Severity.PASS, f"{msg}, threshold {limit:g}%")]
+
+
+def _count(value: object) -> int | None:
+    """A byte count from the host, or None when it is not one."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return value if ok and isinstance(value, int) else None
+
+
 def _digits(gib: float) -> int:
     """Enough decimals that a small volume does not read as 0.0 GiB."""
     return 1 if gib >= 1 or gib == 0 else 3
 
 
-CHECKS = [check_writable, check_tmp_files, check_free_space]
+CHECKS = [check_writable, check_tmp_files, check_free_space, check_fill]

@@ -88,3 +88,6 @@ class Thresholds:
     # with the link rate.
     bench_min_io_size_kib: int = 1024
     min_free_gib: float = 10.0
+    # The fill level at which a GDS directory's file system WARNs (GDS-083): llm-d's PVC
+    # evictor starts cleaning at 85% (llm-d/llm-d-kv-cache kv_connectors/pvc_evictor/README.md).
+    max_fill_percent: float = 85.0

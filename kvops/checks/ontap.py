@@ -212,6 +212,15 @@ def _lif_address(lif: Mapping[str, Any]) -> str:
     return str((lif.get("ip") or {}).get("address") or "")
 
 
+def lif_owners(ontap: Mapping[str, Any]) -> dict[str, str]:
+    """Data LIF address → `cluster/svm`: hosts that mount one SVM's export through different
+    LIFs share one namespace (kvops/checks/shared_store.py compares their stores by it)."""
+    cluster = (ontap.get("cluster") or {}).get("name") or ontap.get("host") or "ontap"
+    owner = f"{cluster}/{ontap.get('svm')}"
+    lifs = [lif for lif in ontap.get("lifs") or [] if isinstance(lif, dict)]
+    return {address: owner for lif in lifs if (address := _lif_address(lif))}
+
+
 def check_roce_lifs(ontap: Mapping[str, Any]) -> Finding:
     lifs = [lif for lif in ontap.get("lifs") or [] if isinstance(lif, dict)]
     roce = [lif for lif in lifs if _roce(lif)]

@@ -128,6 +128,11 @@ key unknown or changed, timed out).
     help="GDS dir free-space floor [10]; a host's kvops_min_free_gib beats it.",
 )
 @click.option(
+    "--max-fill-pct",
+    type=click.FloatRange(min=0, max=100),
+    help="GDS dir file system fill level above which GDS-083 WARNs [85].",
+)
+@click.option(
     "--bench-min-link-share",
     type=click.FloatRange(min=0, max=1),
     help="gdsio throughput below this share of the RDMA link rate WARNs (0.70).",
@@ -214,6 +219,7 @@ def _request(
     vault_password_file: tuple[str, ...],
     vault_id: tuple[str, ...],
     min_free_gib: float | None,
+    max_fill_pct: float | None,
     bench_min_link_share: float | None,
     strict: bool,
     ontap: bool,
@@ -236,6 +242,8 @@ def _request(
     thresholds = Thresholds()
     if min_free_gib is not None:
         thresholds = replace(thresholds, min_free_gib=min_free_gib)
+    if max_fill_pct is not None:
+        thresholds = replace(thresholds, max_fill_percent=max_fill_pct)
     if bench_min_link_share is not None:
         thresholds = replace(thresholds, bench_min_link_share=bench_min_link_share)
     return ValidateRequest(

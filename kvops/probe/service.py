@@ -475,6 +475,11 @@ LMCACHE_SERVER_PROBLEM_TEXTS = (
 NOT_MP = "no LMCache server declared (settings.lmcache_server_service/_url unset: not offload_mp)"
 
 
+# ExecStart: the server's --chunk-size and --hash-algorithm, which hosts sharing its file tier
+# must agree on (kvops/checks/shared_store.py).
+SERVER_PROPERTIES = "ActiveState,MainPID,InvocationID,ExecStart"
+
+
 def collect_lmcache_server(p: Probe, settings: Dict[str, Any]) -> None:
     """The LMCache server's log of its current run (settings.lmcache_server_service) and its
     HTTP frontend's /healthcheck and /metrics (settings.lmcache_server_url): where an offload_mp
@@ -483,7 +488,7 @@ def collect_lmcache_server(p: Probe, settings: Dict[str, Any]) -> None:
     if unit:
         show = p.command(
             "lmcache_server_unit_show",
-            ["systemctl", "show", "--no-pager", unit, "-p", "ActiveState,MainPID,InvocationID"],
+            ["systemctl", "show", "--no-pager", unit, "-p", SERVER_PROPERTIES],
         )
         fields = parse_show(show.get("stdout") or "") if show.get("exit_code") == 0 else {}
         invocation = (fields.get("InvocationID") or [""])[-1]

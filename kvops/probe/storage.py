@@ -94,6 +94,7 @@ def collect_gds(p: Probe, settings: Dict[str, Any], service: Dict[str, Any]) -> 
         argv = [sys.executable or "python3", "-I", "-S", wrapper, "-p"]
     p.command("gdscheck", argv, extra_env=tool_env(p, config_path))
     gds_dir(p, settings.get("gds_dir"), service.get("service_user"), env)
+    gds_prune_timer(p, settings)
     if settings.get("storage_bench"):
         bench(p, settings, config_path, service.get("service_user"))
 
@@ -118,6 +119,18 @@ def _user_can_write(st: os.stat_result, user: Optional[str]) -> Optional[bool]:
     if st.st_gid in gids:
         return bool(mode & stat.S_IWGRP and mode & stat.S_IXGRP)
     return bool(mode & stat.S_IWOTH and mode & stat.S_IXOTH)
+
+
+def _user_ids(user: Optional[str]) -> Dict[str, Optional[int]]:
+    """The service user's uid and primary gid on this host (None: no such user)."""
+    try:
+        pw = pwd.getpwnam(user) if user else None
+    except KeyError:
+        pw = None
+    return {
+        "service_uid": pw.pw_uid if pw else None,
+        "service_gid": pw.pw_gid if pw else None,
+    }
 
 
 def _name(lookup: Any, ident: int) -> str:
@@ -148,9 +161,14 @@ def summarize_dir(
         is_dir=stat.S_ISDIR(st.st_mode),
         owner=_name(pwd.getpwuid, st.st_uid),
         group=_name(grp.getgrgid, st.st_gid),
+        owner_uid=st.st_uid,
+        owner_gid=st.st_gid,
         mode="0o%o" % stat.S_IMODE(st.st_mode),
         writable_by_service_user=_user_can_write(st, service_user),
     )
+    # The ids the service writes with: with sec=sys a shared export checks numbers, so hosts
+    # sharing the directory must agree on them whatever the names (nfs(5), "sec=sys").
+    data.update(_user_ids(service_user))
     try:
         vfs = os.statvfs(path)
         data["free_bytes"] = vfs.f_bavail * vfs.f_frsize
@@ -248,6 +266,32 @@ def gds_dir(
             "cannot list part of %s: %s" % (path, unlisted) if unlisted else None
         )
     p.structured("gds_dir", KIND_DIR, path, data, error, start)
+
+
+DEFAULT_PRUNE_TIMER = "kvops-gds-prune.timer"
+_TIMER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@._:-]{0,240}\.timer$")
+PRUNE_TIMER_PROPERTIES = "Id,LoadState,UnitFileState,ActiveState,ExecStart"
+
+
+def gds_prune_timer(p: Probe, settings: Dict[str, Any]) -> None:
+    """`systemctl show` of the timer that prunes the GDS directory and of its service (the
+    role's `kvops gds prune` unit, named like the timer): LMCache's GDS backend never evicts
+    (LMCache issue #1724), so a store nobody prunes fills its volume. The name comes from
+    the inventory (settings.gds_prune_timer); one that is not a plain timer unit name is
+    refused rather than handed to systemctl."""
+    timer = str(settings.get("gds_prune_timer") or DEFAULT_PRUNE_TIMER)
+    if not _TIMER_NAME.match(timer):
+        error = "settings.gds_prune_timer %r is not a timer unit name" % timer[:200]
+        p.items["gds_prune_timer"] = {
+            "kind": KIND_COMMAND,
+            "source": "",
+            "error": error,
+            "duration_s": 0.0,
+        }
+        return
+    service = timer[: -len(".timer")] + ".service"
+    argv = ["systemctl", "show", "--no-pager", timer, service, "-p", PRUNE_TIMER_PROPERTIES]
+    p.command("gds_prune_timer", argv)
 
 
 def remove_stale_bench_dirs(gds: str) -> Dict[str, List[str]]:

@@ -435,6 +435,8 @@ SETTING_VARS = {  # Settings key -> host variable
     # offload_mp (LMCache's multiprocess server): its unit and HTTP frontend
     "lmcache_server_service": "kvops_lmcache_server_service",
     "lmcache_server_url": "kvops_lmcache_server_url",
+    # the timer that runs `kvops gds prune` on the store (role vllm_lmcache)
+    "gds_prune_timer": "kvops_gds_prune_timer",
 }
 GDSIO_VARS = {"size": "kvops_gdsio_size", "io_size": "kvops_gdsio_io_size"}
 GDSIO_VARS.update(threads="kvops_gdsio_threads", gpu="kvops_gdsio_gpu")

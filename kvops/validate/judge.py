@@ -24,7 +24,8 @@ from kvops.checks import (
 )
 from kvops.checks.fleet import FleetResult
 from kvops.checks.model import finding
-from kvops.checks.ontap import OntapThresholds, judge_ontap
+from kvops.checks.ontap import OntapThresholds, judge_ontap, lif_owners
+from kvops.checks.shared_store import judge_shared_stores
 from kvops.errors import KvopsError
 
 
@@ -72,9 +73,11 @@ def judge_fleet(
     storage_addresses: Mapping[str, str] | None = None,
     ontap_thresholds: OntapThresholds | None = None,
 ) -> FleetResult:
-    """Every host's findings, then every ONTAP cluster's (`--ontap`, or a bundle that holds
-    cluster documents) judged in the same pass against the same host documents: a cluster's
-    findings go under its name, its findings about a GPU host's mount after that host's own."""
+    """Every host's findings, then the findings across hosts (offload hosts sharing one GDS
+    directory: kvops/checks/shared_store.py), then every ONTAP cluster's (`--ontap`, or a
+    bundle that holds cluster documents) judged in the same pass against the same host
+    documents: a cluster's findings go under its name, its findings about a GPU host's mount
+    after that host's own."""
     hosts = list(documents)
     result = FleetResult(strict=strict)
     for document in hosts:
@@ -82,6 +85,14 @@ def judge_fleet(
         result.findings[host] = judge(document, thresholds)
         if document.get("error"):
             result.unreachable.append(host)
+    try:
+        owners = {a: o for cluster in clusters for a, o in lif_owners(cluster).items()}
+        shared = judge_shared_stores(hosts, owners)
+    except Exception as exc:  # a judge bug must not hide the hosts' own findings
+        crashed = Finding("GDS-090", Severity.FAIL, "Check crashed", f"shared stores: {exc!r}")
+        shared = {h: [crashed] for h in result.findings if h not in result.unreachable}
+    for host, findings in shared.items():
+        result.findings.setdefault(host, []).extend(_with_host(f, host) for f in findings)
     for cluster in clusters:
         judged = judge_ontap(cluster, hosts, storage_addresses, ontap_thresholds)
         for host, findings in judged.items():

@@ -33,6 +33,10 @@ from site_lab import SITE_VARS, explain, recap, run_site
 pytestmark = pytest.mark.lab
 
 OFFLOAD, BASELINE = "kvlab-1", "kvlab-2"
+# One host prunes the store (roles/vllm_lmcache/README.md, "Pruning the store"): the same
+# values on every host, as group_vars would give them.
+PRUNE = {"vllm_lmcache_prune_host": OFFLOAD, "vllm_lmcache_prune_max_bytes": "64G"}
+PRUNE_UNITS = "/etc/systemd/system/kvops-gds-prune"
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +45,8 @@ def deploy_lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
         hosts=2,
         variants={OFFLOAD: {"SYSTEMD": "double"}, BASELINE: {"SYSTEMD": "double"}},
         host_vars={
-            OFFLOAD: {"vllm_lmcache_variant": "offload", "kvops_role": "offload"},
-            BASELINE: {"vllm_lmcache_variant": "baseline", "kvops_role": "baseline"},
+            OFFLOAD: {"vllm_lmcache_variant": "offload", "kvops_role": "offload", **PRUNE},
+            BASELINE: {"vllm_lmcache_variant": "baseline", "kvops_role": "baseline", **PRUNE},
         },
     )
 
@@ -145,6 +149,43 @@ def test_the_unit_env_file_and_lmcache_yaml_are_what_the_engine_reads(
     baseline = deploy_lab.testinfra(BASELINE)
     assert not baseline.file("/etc/kvops/lmcache.yaml").exists
     assert "LMCACHE_CONFIG_FILE" not in baseline.file(f"/etc/kvops/{SERVICE}.env").content_string
+
+
+def test_the_named_host_alone_prunes_the_store_with_kvops_gds_prune(
+    deploy_lab: LabHosts, deployed: subprocess.CompletedProcess[str]
+) -> None:
+    """The timer is enabled and started on vllm_lmcache_prune_host only; its service runs the
+    engine venv's `kvops gds prune` on the store as the service user (started by hand here: the
+    service manager double never fires a timer) and keeps the chunks the engine just wrote:
+    under the budget, and used within --min-age."""
+    host = deploy_lab.testinfra(OFFLOAD)
+    unit = host.file(f"{PRUNE_UNITS}.service").content_string
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    argv = shlex.split(exec_start.removeprefix("ExecStart="))
+    assert argv == [
+        "/opt/kvops/vllm-venv/bin/kvops", "gds", "prune", GDS_DIR,
+        "--min-age", "5m", "--tmp-age", "1h", "--max-bytes", "64G",
+    ]  # fmt: skip
+    assert "User=vllm" in unit.splitlines()
+    assert host.file(f"{PRUNE_UNITS}.timer").exists
+    systemctl = ["systemctl", "is-enabled", "kvops-gds-prune.timer"]
+    assert deploy_lab.ssh(OFFLOAD, systemctl, sudo=True).stdout.strip() == "enabled"
+    active = ["systemctl", "is-active", "kvops-gds-prune.timer"]
+    assert deploy_lab.ssh(OFFLOAD, active, sudo=True).stdout.strip() == "active"
+    _completion(deploy_lab, OFFLOAD)
+    written = [f for f in _chunk_files(deploy_lab, OFFLOAD) if ".tmp" not in f]
+    assert written, "the engine stored no chunk"
+    start = ["systemctl", "start", "kvops-gds-prune.service"]
+    run = deploy_lab.ssh(OFFLOAD, start, sudo=True, check=False)
+    assert run.returncode == 0, run.stderr  # exit 0: the store is within its budget
+    log = deploy_lab.read_file(
+        OFFLOAD, "/var/log/kvops-test-doubles/units/kvops-gds-prune.service.log"
+    )
+    assert "chunks" in log and "removed 0 chunks" in log, log
+    assert set(written) <= set(_chunk_files(deploy_lab, OFFLOAD))
+    baseline = deploy_lab.testinfra(BASELINE)
+    assert not baseline.file(f"{PRUNE_UNITS}.timer").exists
+    assert not baseline.file(f"{PRUNE_UNITS}.service").exists
 
 
 def test_secrets_stay_out_of_the_output_the_unit_file_and_the_command_line(
@@ -433,4 +474,43 @@ def test_a_failed_deploy_stops_ab_test_with_the_plays_error(
         assert not (out / "records.jsonl").exists() or not (out / "records.jsonl").read_text()
     finally:
         restored = run_deploy(deploy_lab, wheel_vars, limit=OFFLOAD)
+        assert restored.returncode == 0, explain(restored)
+
+
+def test_validate_fails_two_offload_hosts_sharing_the_store_with_other_chunk_sizes(
+    deploy_lab: LabHosts,
+    wheel_vars: dict[str, Any],
+    deployed: subprocess.CompletedProcess[str],
+    tmp_path: Path,
+) -> None:
+    """kvlab-2 deployed as a second offload host on the same export path (the mount double
+    shows both as the same NFS export), with chunk_size 512 against kvlab-1's 256: every
+    chunk key differs, no host would hit on the other's chunks, and validate FAILs GDS-090 on
+    both, naming the chunk size. kvlab-2 is the baseline host again afterwards."""
+    second = {"vllm_lmcache_variant": "offload", "vllm_lmcache_chunk_size": 512}
+    offload_role = tmp_path / "second-offload.yml"
+    offload_role.write_text(
+        yaml.safe_dump({"all": {"hosts": {BASELINE: {"kvops_role": "offload"}}}})
+    )
+    here = Path(__file__).parent
+    argv = [str(Path(sys.executable).parent / "kvops"), "validate", "--json"]
+    for source in (
+        deploy_lab.inventory_path, SITE_VARS, here / "validate_lab_vars.yml", DEPLOY_VARS,
+        offload_role,
+    ):  # fmt: skip
+        argv += ["-i", str(source)]
+    try:
+        proc = run_deploy(deploy_lab, wheel_vars, limit=BASELINE, extra_vars=second)
+        assert proc.returncode == 0, explain(proc)
+        judged = subprocess.run(
+            argv, capture_output=True, text=True, env=deploy_lab.env(), timeout=600
+        )
+        assert judged.returncode == 1, judged.stderr[-3000:]
+        hosts = json.loads(judged.stdout)["hosts"]
+        for name in (OFFLOAD, BASELINE):
+            [agreement] = [f for f in hosts[name]["findings"] if f["check_id"] == "GDS-090"]
+            assert agreement["severity"] == "FAIL", agreement
+            assert "chunk_size: '256' (kvlab-1) vs '512' (kvlab-2)" in agreement["message"]
+    finally:
+        restored = run_deploy(deploy_lab, wheel_vars, limit=BASELINE)
         assert restored.returncode == 0, explain(restored)

@@ -72,3 +72,18 @@ def test_known_malformed_values(item_id: str, path: list[str | int], value: Any)
         doc["items"]["gds_dir"]["data"]["tmp_file_count"] = 1
     crashed = [f.message for f in judge(doc) if f.title == "Check crashed"]
     assert crashed == []
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_malformed_evidence_never_crashes_the_shared_store_judges(data: st.DataObject) -> None:
+    """The fleet judges (GDS-090..092) read two hosts that share a directory, one mutated."""
+    from kvops.checks.shared_store import judge_shared_stores
+
+    doc, other = eb.healthy(), eb.healthy()
+    other["host"] = "other"
+    for _ in range(data.draw(st.integers(1, 4), label="mutations")):
+        part = data.draw(st.sampled_from(["items", "settings"]))
+        doc[part] = _mutate(data, doc[part], data.draw(st.integers(1, 7), label="depth"))
+    found = judge_shared_stores([doc, other])
+    assert sorted(f.check_id for f in found["other"]) == ["GDS-090", "GDS-091", "GDS-092"]

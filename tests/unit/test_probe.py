@@ -220,3 +220,29 @@ def test_shipped_program_runs_on_the_oldest_python_here(host: dict[str, Any]) ->
     assert doc["items"][ev.GDSCHECK]["exit_code"] == 0
     assert doc["items"][ev.GDSIO_READ]["exit_code"] == 0
     assert doc["items"][ev.INFINIBAND]["data"]["devices"]
+
+
+def test_gds_dir_records_the_ids_the_service_writes_with(host: dict[str, Any]) -> None:
+    gds = host["settings"]["gds_dir"]
+    data = collect(host)["items"][ev.GDS_DIR]["data"]
+    assert (data["service_uid"], data["service_gid"]) == (0, 0)  # root
+    assert (data["owner_uid"], data["owner_gid"]) == (os.stat(gds).st_uid, os.stat(gds).st_gid)
+    host["settings"]["service_user"] = "kvops-no-such-user"
+    data = collect(host)["items"][ev.GDS_DIR]["data"]
+    assert (data["service_uid"], data["service_gid"]) == (None, None)
+
+
+def test_prune_timer_is_shown_by_name_and_an_odd_name_is_refused(host: dict[str, Any]) -> None:
+    item = collect(host)["items"][ev.GDS_PRUNE_TIMER]
+    assert item["kind"] == ev.KIND_COMMAND and not item.get("error")
+    assert item["source"][1:] == [
+        "show",
+        "--no-pager",
+        "kvops-gds-prune.timer",
+        "kvops-gds-prune.service",
+        "-p",
+        "Id,LoadState,UnitFileState,ActiveState,ExecStart",
+    ]
+    host["settings"]["gds_prune_timer"] = "--root=/tmp/x.timer"  # an option, not a unit
+    item = collect(host)["items"][ev.GDS_PRUNE_TIMER]
+    assert item["source"] == "" and "not a timer unit name" in item["error"]

@@ -55,3 +55,13 @@ def test_a_directory_without_evidence_exits_2(tmp_path: Path) -> None:
     result = _validate("--from-evidence", str(tmp_path))
     assert result.exit_code == 2, result.output
     assert result.output.startswith("kvops validate: error: ") and "no *.json" in result.output
+
+
+def test_max_fill_pct_sets_the_fill_threshold() -> None:
+    healthy = str(eb.EVIDENCE_DIR / "healthy")  # its GDS file system is 51.2% full
+    for option, expected in (([], "PASS"), (["--max-fill-pct", "50"], "WARN")):
+        result = _validate("--from-evidence", healthy, "--json", *option)
+        assert result.exit_code == 0, result.output  # a WARN does not fail the run
+        findings = json.loads(result.stdout)["hosts"]["netapp-rdma-ok"]["findings"]
+        [fill] = [f for f in findings if f["check_id"] == "GDS-083"]
+        assert fill["severity"] == expected, fill
