@@ -12,7 +12,7 @@ help:
 	@echo "make demo   set up .venv and run kvops ab-test on the embedded simulated engines"
 	@echo "            (the three reference cases, then a num_prefixes campaign: where offload starts to pay)"
 	@echo "make test   install missing system packages (as root), set up .venv (dev extras), lint, whole suite"
-	@echo "            (the lab tier and the other tiers as two parallel pytest processes)"
+	@echo "            (the lab tier as two pytest processes beside one for the other tiers)"
 	@echo "make lint   only the lint gates;  make unit   only the unit tier"
 	@echo "make lab    (root) the local lab end to end: hosts, site.yml, deploy.yml, validate, smoke, ab-test --deploy"
 
@@ -47,8 +47,8 @@ unit: $(STAMP)
 system-deps:
 	@scripts/system-deps.sh
 
-# The lab tier beside the other three, as two pytest processes (tests/tiers.py): each one's log is
-# printed whole when it ends, then the slowest 20 tests of the whole suite; fails if either fails.
+# The lab tier (two processes) beside the other three (one), in parallel (tests/tiers.py): each log is
+# printed whole when it ends, then the slowest 20 tests of the whole suite; fails if any fails.
 test: system-deps lint
 	@$(BIN)/python tests/tiers.py --pytest $(BIN)/pytest -- $(PYTEST_ARGS)
 

@@ -3,9 +3,10 @@
 The lab tier spends most of its time in Ansible runs against lab hosts (about 1.2 to 1.5 cores
 of a 2-core machine, much of it waiting on SSH and the hosts' own processes); the other tiers
 are independent of it (their own servers, ports, temporary folders and caches). So the suite
-runs as two pytest processes side by side (``GROUPS``): the lab tier, and unit + integration +
-engine. Each writes its whole output (with its own ``--durations=20``) to a log that is printed
-in one piece when that process ends, so the two never interleave; the end is a summary per
+runs as pytest processes side by side (``GROUPS``): the lab tier in two (the shared lab's
+tests, and the tests with labs of their own), and unit + integration + engine. Each writes its
+whole output (with its own ``--durations=20``) to a log that is printed in one piece when that
+process ends, so they never interleave; the end is a summary per
 group and the slowest 20 tests of the whole suite, read from each group's JUnit XML
 (https://docs.pytest.org/en/stable/how-to/output.html#creating-junitxml-format-files).
 
@@ -34,14 +35,19 @@ from types import FrameType
 from typing import IO
 
 # (name, marker expression, niceness): every tier in exactly one group (tests/conftest.py's
-# TIERS). The lab group runs niced (nice(1): its Ansible runs, SSH sessions and lab hosts
-# inherit it): when both groups want the CPU, the scheduler gives it first to the tiers whose
-# tests judge timing on this machine (the load generator's own accuracy, the embedded engines'
-# agreement with the model, a real vLLM's TTFT), and the lab's Ansible runs, which only take
-# longer, use what is left (https://man7.org/linux/man-pages/man7/sched.7.html, "The nice
-# value").
+# TIERS). The lab tier is two groups: its time goes mostly to waiting (SSH round trips, the lab
+# hosts' own processes starting), so one lab session leaves the 2 cores partly idle; the tests
+# that bring up only their own private labs (marker ``own_lab``: the deploy, MP-server, services
+# and absent labs) run in a second lab session, in lab slots of its own (kvops/lab/config.py),
+# beside the tests of the shared three-host lab, which is converged once in that session only.
+# The lab groups run niced (nice(1): their Ansible runs, SSH sessions and lab hosts inherit it):
+# when every group wants the CPU, the scheduler gives it first to the tiers whose tests judge
+# timing on this machine (the load generator's own accuracy, the embedded engines' agreement with
+# the model, a real vLLM's TTFT), and the lab's Ansible runs, which only take longer, use what is
+# left (https://man7.org/linux/man-pages/man7/sched.7.html, "The nice value").
 GROUPS: tuple[tuple[str, str, int], ...] = (
-    ("lab", "lab", 10),
+    ("lab-shared", "lab and not own_lab", 10),
+    ("lab-own", "lab and own_lab", 10),
     ("unit+integration+engine", "not lab", 0),
 )
 NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED

@@ -77,3 +77,18 @@ def lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
 def lab_hosts(lab: LabHosts) -> LabHosts:
     """Alias of ``lab``."""
     return lab
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked ``own_lab`` runs in a lab session of its own beside the shared lab's
+    (tests/tiers.py): asking for the shared lab there would bring up and converge a second one."""
+    shared = {"lab", "lab_hosts"}
+    wrong = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("own_lab") and shared & set(getattr(item, "fixturenames", ()))
+    ]
+    if wrong:
+        raise pytest.UsageError(
+            "marked own_lab but using the shared lab fixture: " + ", ".join(wrong)
+        )

@@ -12,6 +12,8 @@ import pytest
 from lab_harness import LabHosts
 from site_lab import EXPORT, MOUNT_PATH, explain, recap, run_site
 
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
+
 HOST = "kvabs-1"
 ABSENT = {
     "nvidia_driver_state": "absent",

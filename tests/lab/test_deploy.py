@@ -30,7 +30,7 @@ from deploy_lab import (
 from lab_harness import LabHosts
 from site_lab import SITE_VARS, explain, recap, run_site
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
 
 OFFLOAD, BASELINE = "kvlab-1", "kvlab-2"
 # One host prunes the store (roles/vllm_lmcache/README.md, "Pruning the store"): the same

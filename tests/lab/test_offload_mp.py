@@ -28,7 +28,7 @@ from deploy_lab import GDS_DIR, SERVICE_UID, run_deploy, served_wheelhouse
 from lab_harness import LabHosts
 from site_lab import HERE, REPO_ROOT, SITE_VARS, explain, failure_messages, recap, run_role
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
 
 MP = {
     "vllm_lmcache_variant": "offload_mp",

@@ -32,6 +32,11 @@ def test_in_the_lab():
     time.sleep(0.3)
     assert _niced_by() == {lab_nice}
 
+@pytest.mark.lab
+@pytest.mark.own_lab
+def test_in_an_own_lab():
+    assert _niced_by() == {lab_nice}
+
 def test_passes():
     assert _niced_by() == {rest_nice}
 
@@ -42,17 +47,17 @@ def test_fails():
 
 def test_every_tier_runs_in_exactly_one_group(pytestconfig: pytest.Config) -> None:
     tiers = [line.split(":", 1)[0].strip() for line in pytestconfig.getini("markers")]
-    assert {"unit", "integration", "lab", "engine"} <= set(tiers)
-    for tier in tiers:
-        selected = [name for name, marker, _ in GROUPS if _selects(marker, tier)]
-        assert len(selected) == 1, (tier, selected)
+    assert {"unit", "integration", "lab", "engine", "own_lab"} <= set(tiers)
+    for marks in [{tier} for tier in tiers] + [{"lab", "own_lab"}]:
+        selected = [name for name, marker, _ in GROUPS if _selects(marker, marks)]
+        assert len(selected) == 1, (marks, selected)
 
 
-def _selects(marker: str, tier: str) -> bool:
-    """Evaluate a group's marker expression for a test carrying only ``tier``'s marker."""
+def _selects(marker: str, marks: set[str]) -> bool:
+    """Evaluate a group's marker expression for a test carrying exactly ``marks``."""
     from _pytest.mark.expression import Expression
 
-    return bool(Expression.compile(marker).evaluate(lambda name, **kwargs: name == tier))
+    return bool(Expression.compile(marker).evaluate(lambda name, **kwargs: name in marks))
 
 
 @pytest.mark.parametrize(
@@ -95,9 +100,10 @@ def test_slowest_orders_by_time_across_groups() -> None:
 def _suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """The nested suite; its tests also check each group's niceness relative to this process."""
     nice = {name: niceness for name, _, niceness in GROUPS}
-    lab_nice = nice.pop("lab")
+    lab_nice = nice.pop("lab-shared")
+    assert nice.pop("lab-own") == lab_nice
     [rest_nice] = nice.values()
-    pytester.makeini("[pytest]\nmarkers =\n    lab: lab tier\n")
+    pytester.makeini("[pytest]\nmarkers =\n    lab: lab tier\n    own_lab: labs of its own\n")
     suite = SUITE.replace("{lab_nice}", str(lab_nice)).replace("{rest_nice}", str(rest_nice))
     pytester.makepyfile(test_suite=suite)
     monkeypatch.setenv("KVOPS_TEST_OUTER_NICE", str(os.nice(0)))
@@ -114,18 +120,22 @@ def test_parallel_groups_report_each_log_whole_and_the_first_failure(
     rc = run([sys.executable, "-m", "pytest"], logs, [])
     out = capsys.readouterr().out
     assert rc == 1  # the unit group's failure fails the suite
-    lab_log = (logs / "lab.log").read_text()
+    lab_log = (logs / "lab-shared.log").read_text()
+    own_log = (logs / "lab-own.log").read_text()
     rest_log = (logs / "unit-integration-engine.log").read_text()
-    assert "1 passed" in lab_log and "2 deselected" in lab_log
-    assert "1 failed, 1 passed, 1 deselected" in rest_log
-    for log in (lab_log, rest_log):
+    assert "1 passed, 3 deselected" in lab_log
+    assert "1 passed, 3 deselected" in own_log
+    assert "1 failed, 1 passed, 2 deselected" in rest_log
+    for log in (lab_log, own_log, rest_log):
         assert "slowest 20 durations" in log
-        assert log in out  # printed in one piece, not interleaved with the other group's
-    assert "tier group lab: exit 0" in out
+        assert log in out  # printed in one piece, not interleaved with another group's
+    assert "tier group lab-shared: exit 0" in out
+    assert "tier group lab-own: exit 0" in out
     assert "tier group unit+integration+engine: exit 1" in out
     slow = out.split("slowest 20 tests of the whole suite", 1)[1].splitlines()
-    assert "test_suite::test_in_the_lab" in slow[1] and "[lab]" in slow[1]
-    assert len(junit_times(logs / "lab.xml", "lab")) == 1
+    assert "test_suite::test_in_the_lab" in slow[1] and "[lab-shared]" in slow[1]
+    assert len(junit_times(logs / "lab-shared.xml", "lab")) == 1
+    assert len(junit_times(logs / "lab-own.xml", "lab")) == 1
     assert len(junit_times(logs / "unit-integration-engine.xml", "x")) == 2
 
 
@@ -139,4 +149,5 @@ def test_arguments_that_select_one_groups_tests_do_not_fail_the_other(
     rc = run([sys.executable, "-m", "pytest"], tmp_path / "logs", ["-k", "passes"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert f"tier group lab: exit {NO_TESTS_COLLECTED}" in out
+    assert f"tier group lab-shared: exit {NO_TESTS_COLLECTED}" in out
+    assert f"tier group lab-own: exit {NO_TESTS_COLLECTED}" in out
