@@ -198,14 +198,21 @@ def find_crossover(sweep: Sweep, points: list[PointResult]) -> Crossover:
     )  # fmt: skip
 
 
-def capacity_crossing(sweep: Sweep, points: list[PointResult]) -> str | None:
-    """Where the workload's working set outgrows the GPU KV capacity over the sweep (the
-    preconditions' figures), to read beside the crossover: offload can only pay beyond it."""
+def _capacity_split(points: list[PointResult]) -> tuple[list[PointResult], list[PointResult]]:
+    """(the points whose working set and GPU KV capacity are known, by value; those of them
+    whose working set outgrows the capacity)."""
     known = sorted(
         (p for p in points if p.working_set_tokens is not None and p.gpu_kv_capacity_tokens),
         key=lambda p: p.value,
     )
     over = [p for p in known if (p.working_set_tokens or 0) > (p.gpu_kv_capacity_tokens or 0)]
+    return known, over
+
+
+def capacity_crossing(sweep: Sweep, points: list[PointResult]) -> str | None:
+    """Where the workload's working set outgrows the GPU KV capacity over the sweep (the
+    preconditions' figures), to read beside the crossover: offload can only pay beyond it."""
+    known, over = _capacity_split(points)
     if not known:
         return None
     if not over:
@@ -231,11 +238,7 @@ def capacity_crossing(sweep: Sweep, points: list[PointResult]) -> str | None:
 def capacity_bracket(points: list[PointResult]) -> tuple[float | None, float] | None:
     """(last measured value whose working set fits, first that outgrows the GPU KV capacity);
     None when none outgrows it (or nothing is known)."""
-    known = sorted(
-        (p for p in points if p.working_set_tokens is not None and p.gpu_kv_capacity_tokens),
-        key=lambda p: p.value,
-    )
-    over = [p for p in known if (p.working_set_tokens or 0) > (p.gpu_kv_capacity_tokens or 0)]
+    known, over = _capacity_split(points)
     if not over:
         return None
     below = [p.value for p in known if p.value < over[0].value]
