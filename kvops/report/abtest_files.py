@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kvops.abtest.result_types import RunResults, ScenarioResult
 from kvops.report.abtest_deploy import deploy_html, deploy_markdown
+from kvops.report.abtest_fleet import fleet_markdown
 from kvops.report.abtest_plots import write_plots
 from kvops.report.abtest_table import fmt_num, fmt_pct, protocol_line
 from kvops.report.explain import (
@@ -126,6 +127,8 @@ def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:
             for arm, b in sc.arms.items()
         ]
         out += _checks_markdown(sc)
+        route = doc.options.get("route")
+        out += fleet_markdown(sc, str(route) if route is not None else None)
         why = why_lines(doc, name)
         out += [""] + [f"- **{markdown_inline(w)}**" for w in why] if why else []
         out += [""] + [
