@@ -618,6 +618,11 @@ def _request(a: CliArgs) -> AbTestRequest:
     deploy = _deploy_settings(a)
     arms = [parse_arm(text) for text in a.arms]
     if deploy is not None:
+        if any(arm.more_urls for arm in arms):
+            raise ValueError(
+                "--deploy switches one host (--limit) and cannot switch an arm of several "
+                "endpoints together yet: deploy each host, then run with --arm NAME=URL1,URL2"
+            )
         if arms:
             raise ValueError("--deploy names its arms by --deploy-variants, not --arm")
         arms = deploy_arms(deploy, a.deploy_variants.split(","), a.model)

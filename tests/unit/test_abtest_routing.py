@@ -74,3 +74,12 @@ def test_the_cli_teaches_fleets_and_refuses_a_route_with_nothing_to_spread() -> 
     assert "--route spreads an arm of several endpoints" in lonely.output
     empty = CliRunner().invoke(main, ["ab-test", "--arm", "a=http://h:1", "--arm", "b=http://h:2,"])
     assert empty.exit_code == 2 and "URL 2 of 2 is empty" in empty.output
+
+
+def test_deploy_refuses_an_arm_of_several_endpoints_in_one_line() -> None:
+    result = CliRunner().invoke(
+        main, ["ab-test", "--deploy", "--limit", "g", "--arm", "b=http://h:1",
+               "--arm", "o=http://h:2,http://h:3"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "cannot switch an arm of several endpoints together yet" in result.output
