@@ -106,6 +106,6 @@ def test_has_chunk_sees_another_writers_files_once_every_rank_is_there(tmp_path:
     assert not reader.has_chunk(h)
     writer.write([h])
     assert reader.has_chunk(h)
-    meta = next(tmp_path.rglob("*@1@*.metadata"))  # rank 1's metadata file
+    meta = next(tmp_path.rglob("*%401%40*.metadata"))  # rank 1 (quoted: "@1@")
     meta.unlink()
     assert not reader.has_chunk(h)
