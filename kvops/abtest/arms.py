@@ -9,7 +9,9 @@ max_model_len), and the labels of `vllm:cache_config_info` other than the KV-con
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,9 +38,18 @@ class ArmUnreachable(KvopsError, RuntimeError):
 
 @dataclass(frozen=True)
 class Arm:
+    """An arm: one endpoint (`url`), or several instances served as one arm (`url` first, then
+    `more_urls`; `--arm NAME=URL1,URL2`), its load spread by `--route` (kvops.abtest.routing)."""
+
     name: str
     url: str
     model: str | None = None
+    more_urls: tuple[str, ...] = ()
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every instance's URL, the first one first."""
+        return (self.url, *self.more_urls)
 
 
 @dataclass
@@ -67,12 +78,22 @@ class ArmInfo:
 
 
 def parse_arm(text: str) -> Arm:
-    """`name=URL` (as given to --arm)."""
-    name, sep, url = text.partition("=")
-    name, url = name.strip(), url.strip()
-    if not sep or not name or not url.startswith(("http://", "https://")):
-        raise ValueError(f"--arm {text!r}: expected NAME=http://HOST:PORT")
-    return Arm(name, url.rstrip("/"))
+    """`NAME=URL` or `NAME=URL1,URL2,...` (as given to --arm; several URLs: one arm of several
+    instances)."""
+    name, sep, urls = text.partition("=")
+    name = name.strip()
+    if not sep or not name or not urls.strip():
+        raise ValueError(f"--arm {text!r}: expected NAME=http://HOST:PORT[,http://HOST2:PORT...]")
+    parts = [u.strip().rstrip("/") for u in urls.split(",")]
+    for k, url in enumerate(parts, 1):
+        if not url:
+            raise ValueError(f"--arm {text!r}: URL {k} of {len(parts)} is empty")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--arm {text!r}: URL {k} ({url!r}) is not http://HOST:PORT")
+    dup = next((u for k, u in enumerate(parts) if u in parts[:k]), None)
+    if dup is not None:
+        raise ValueError(f"--arm {text!r}: {dup} is listed twice (one instance, one URL)")
+    return Arm(name, parts[0], None, tuple(parts[1:]))
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
@@ -173,6 +194,26 @@ def arm_differences(infos: list[ArmInfo]) -> list[str]:
         if base.has_metrics != other.has_metrics:
             warnings.append(f"{pair}: only one arm exposes /metrics")
     return warnings
+
+
+def instance_differences(instances: Mapping[str, list[ArmInfo]]) -> list[str]:
+    """Warnings for every difference between the instances of one arm (version, model,
+    cache_config_info, the KV-connector labels included): a fleet arm is one variant, and an
+    instance that differs measures something else under the arm's name."""
+    out: list[str] = []
+    for arm, infos in instances.items():
+        if len(infos) < 2:
+            continue
+        named = [dataclasses.replace(i, name=f"{arm} {i.url}") for i in infos]
+        out += [f"arm {arm}: {w}" for w in arm_differences(named)]
+        base = infos[0]
+        for other in infos[1:]:
+            if base.connector != other.connector:
+                out.append(
+                    f"arm {arm}: KV connector differs between {base.url} ({base.connector}) "
+                    f"and {other.url} ({other.connector})"
+                )
+    return out
 
 
 async def reset_prefix_cache(session: aiohttp.ClientSession, info: ArmInfo) -> bool:

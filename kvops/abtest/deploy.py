@@ -200,7 +200,11 @@ def deploy_arms(settings: DeploySettings, names: list[str], model: str | None) -
         raise DeployError(str(exc)) from exc
     if len(hosts) != 1:
         found = ", ".join(h.name for h in hosts) or "none"
-        raise DeployError(f"--limit must select exactly one host for --deploy (selects: {found})")
+        raise DeployError(
+            f"--limit must select exactly one host for --deploy (selects: {found}); --deploy "
+            "does not switch an arm of several hosts yet: deploy each host, then run with "
+            "--arm NAME=URL1,URL2"
+        )
     host = hosts[0]
     port = int(
         settings.extra_vars.get("vllm_lmcache_port") or host.vars.get("vllm_lmcache_port") or 8000

@@ -28,11 +28,13 @@ from kvops.abtest.arms import (
     emission_lag,
     fetch_arm_info,
     fetch_counters,
+    instance_differences,
     reset_prefix_cache,
 )
-from kvops.abtest.engine_counters import Counters, counter_delta
+from kvops.abtest.engine_counters import Counters, add_counters, counter_delta
 from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.result_types import RunResults
+from kvops.abtest.routing import route_requests
 from kvops.abtest.rundir import RunDir
 from kvops.errors import KvopsError
 from kvops.loadgen.calibrate import learn_alphabet
@@ -75,6 +77,8 @@ class Options:
     grace_s: float = 5.0
     workers: int = 1
     seed: int = 0  # the run seed: prompts and send order (fresh per run; see generate.py)
+    # how an arm of several instances spreads its requests (kvops.abtest.routing.ROUTES)
+    route: str = "round-robin"
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -138,6 +142,8 @@ class Experiment:
     hooks: Hooks = field(default_factory=Hooks)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     infos: list[ArmInfo] = field(default_factory=list)
+    # arm name -> every instance's info, the first one first (the arm's own info is the first)
+    instance_infos: dict[str, list[ArmInfo]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     interrupted: bool = False
     stats: ClientStats = field(default_factory=ClientStats)
@@ -165,8 +171,11 @@ class Experiment:
         ]
         async with make_session() as session:
             self.infos = await self._arm_infos(session, todo[0][2] if todo else None)
-            self.run_dir.record_arms(attempt, [i.to_dict() for i in self.infos])
+            await self._more_instances(session)
+            self.run_dir.record_arms(attempt, [self._arm_record(i) for i in self.infos])
             for w in arm_differences(self.infos):
+                self._warn(w)
+            for w in instance_differences(self.instance_infos):
                 self._warn(w)
             for w in trial_warnings(self.options.trials):
                 self._warn(w)
@@ -222,6 +231,28 @@ class Experiment:
         self._fresh_arm = first_to_measure
         return [by_name[arm.name] for arm in self.arms]
 
+    async def _more_instances(self, session: aiohttp.ClientSession) -> None:
+        """The infos of every arm's further instances (`--arm NAME=URL1,URL2`); an instance
+        that does not answer stops the run before any request, as a one-URL arm does."""
+        for arm, info in zip(self.arms, self.infos, strict=True):
+            more = [
+                await fetch_arm_info(session, Arm(arm.name, url, arm.model))
+                for url in arm.more_urls
+            ]
+            self.instance_infos[arm.name] = [info, *more]
+
+    def _instances(self, arm: Arm) -> list[ArmInfo]:
+        return self.instance_infos.get(arm.name) or [self._info(arm)]
+
+    def _arm_record(self, info: ArmInfo) -> dict[str, object]:
+        """An arm's entry of arms.json: its first instance's info, and every instance's when
+        it has several (ArmDescription reads the keys it knows and ignores `instances`)."""
+        out: dict[str, object] = info.to_dict()
+        instances = self.instance_infos.get(info.name, [])
+        if len(instances) > 1:
+            out["instances"] = [i.to_dict() for i in instances]
+        return out
+
     def _check_warm_tier(self, spec: WorkloadSpec, arm: Arm, seen: list[RequestRecord]) -> None:
         """Say it the moment it shows (after the warm-up iteration, before measuring); the
         results document repeats it from the records."""
@@ -238,6 +269,13 @@ class Experiment:
         for info in self.infos:
             if not info.model:
                 raise ExperimentError(f"arm {info.name}: /v1/models lists no model")
+            for other in self.instance_infos.get(info.name, [])[1:]:
+                if other.model != info.model:
+                    raise ExperimentError(
+                        f"arm {info.name}: {other.url} serves {other.model}, {info.url} "
+                        f"serves {info.model}; an arm's instances must serve one model "
+                        "(or give --model)"
+                    )
             for spec in self.scenarios:
                 need = spec.prompt_tokens + spec.output_tokens
                 if info.max_model_len is not None and need > info.max_model_len:
@@ -273,21 +311,27 @@ class Experiment:
         segs: JsonlWriter,
     ) -> None:
         info = self._info(arm)
+        instances = self._instances(arm)
         opts = self.options
         self.hooks.on_segment(f"{spec.name}: trial {trial + 1}/{opts.trials}, arm {arm.name}")
         if self.hooks.prepare_arm is not None and self._fresh_arm is not arm:
             await self.hooks.prepare_arm(arm)
         self._fresh_arm = None
-        if opts.reset_cache and not await reset_prefix_cache(session, info):
-            self._warn(
-                f"arm {arm.name}: no usable /reset_prefix_cache (vLLM needs "
-                "VLLM_SERVER_DEV_MODE=1); caches were not reset between trials"
-            )
+        for inst in instances if opts.reset_cache else []:
+            if not await reset_prefix_cache(session, inst):
+                where = f" ({inst.url})" if len(instances) > 1 else ""
+                self._warn(
+                    f"arm {arm.name}{where}: no usable /reset_prefix_cache (vLLM needs "
+                    "VLLM_SERVER_DEV_MODE=1); caches were not reset between trials"
+                )
         stats = ClientStats()
-        lag_before = await emission_lag(session, info)
+        lags_before = [await emission_lag(session, i) for i in instances]
 
         seen: list[RequestRecord] = []
-        counters_before: Counters | None = None
+        counters_before: list[Counters | None] | None = None
+
+        async def scrape_counters() -> list[Counters | None]:
+            return [await fetch_counters(session, i) for i in instances]
 
         def on_record(rec: RequestRecord) -> None:
             records.write_record(rec)
@@ -322,6 +366,11 @@ class Experiment:
                 )
                 for i in range(spec.iterations if replay is None else 0)
             ]
+            if len(instances) > 1:
+                wires = [w for plan in plans for w in plan]
+                if replay is not None:
+                    wires = [t.wire for s in replay for t in s.turns]
+                self._route(wires, instances, runner.endpoint)
             monitor.start()
             pool = (
                 WorkerPool(opts.workers, runner.endpoint, timeout_s=opts.timeout_s,
@@ -334,7 +383,7 @@ class Experiment:
                 if replay is not None:
                     # a trace is replayed whole, once per segment, with no warm-up: its own
                     # reuse, from a cold cache, is what is measured
-                    counters_before = await fetch_counters(session, info)
+                    counters_before = await scrape_counters()
                     labels = Labels(arm.name, spec.name, trial, attempt, False)
                     await runner.run_sessions(replay, labels)
                     if self.stop.is_set():
@@ -343,7 +392,7 @@ class Experiment:
                     warm = iteration < opts.warmup_iterations
                     if iteration == opts.warmup_iterations:
                         # the engine's token counters over the measured iterations only
-                        counters_before = await fetch_counters(session, info)
+                        counters_before = await scrape_counters()
                     labels = Labels(arm.name, spec.name, trial, attempt, warm)
                     await self._iteration(spec, trial, iteration, planned, labels, runner, pool)
                     self._check_warm_tier(spec, arm, seen)
@@ -361,17 +410,43 @@ class Experiment:
             "status": "done", "scenario": spec.name, "trial": trial, "arm": arm.name,
             "attempt": attempt, "client": summary,
         }  # fmt: skip
-        counters_after = await fetch_counters(session, info)
-        if counters_before is not None and counters_after is not None:
-            seg["engine_counters"] = counter_delta(counters_before, counters_after)
-        lag_after = await emission_lag(session, info)
-        if lag_before is not None and lag_after is not None:
+        counters_after = await scrape_counters()
+        if counters_before is not None:
+            # per instance, then summed: the arm's counters are its instances' together
+            deltas = {
+                i.url: counter_delta(before, after)
+                for i, before, after in zip(instances, counters_before, counters_after, strict=True)
+                if before is not None and after is not None
+            }
+            if deltas:
+                total: Counters = {}
+                for delta in deltas.values():
+                    total = add_counters(total, delta)
+                seg["engine_counters"] = total
+            if len(instances) > 1:
+                seg["instance_counters"] = deltas
+        lags = [
+            (after[0] - before[0], after[1] - before[1])
+            for before, after in zip(
+                lags_before, [await emission_lag(session, i) for i in instances], strict=True
+            )
+            if before is not None and after is not None
+        ]
+        if lags:
             # how late the simulated engine sent its tokens against the model's schedule
             seg["engine_lag"] = {
-                "sum_s": lag_after[0] - lag_before[0],
-                "steps": lag_after[1] - lag_before[1],
+                "sum_s": sum(lag[0] for lag in lags),
+                "steps": sum(lag[1] for lag in lags),
             }
         segs.write_obj(seg)
+
+    def _route(self, wires: list[WireRequest], instances: list[ArmInfo], first: Endpoint) -> None:
+        """Give each request of the segment its instance (`--route`), in send order."""
+        endpoints = [Endpoint(i.url, first.model, first.api) for i in instances]
+        prefix_ids = [w.request.prefix_id for w in wires]
+        chosen = route_requests(prefix_ids, len(endpoints), self.options.route)
+        for wire, k in zip(wires, chosen, strict=True):
+            wire.endpoint = endpoints[k]
 
     async def _iteration(
         self,

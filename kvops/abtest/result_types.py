@@ -29,7 +29,12 @@ Schema (versioned; additions only within a version):
                                mean|std|median|p90|p99 _ ttft|tpot|itl|e2el _ms,
                                cached_token_share (None = not reported)},
                      errors_total, errors_by_reason, warmup_requests, per_iteration, per_batch,
-                     [engine_emission_lag_mean_ms (simulated engines only)]}},
+                     [engine_emission_lag_mean_ms (simulated engines only)],
+                     [instances: [{url, requests, errors, mean_ttft_ms, median_ttft_ms,
+                                   gpu_hit_tokens, offload_hit_tokens, stored_tokens,
+                                   cross_instance_hit_tokens, cross_instance_hit_share}],
+                      cross_instance_hit_share (an arm of several URLs only;
+                      kvops.abtest.fleet_figures)]}},
       comparisons: [{metric, baseline_arm, candidate_arm, baseline, candidate (values),
                      delta_pct, ci95_low_pct, ci95_high_pct, verdict (as the scenario's, or
                      "too few requests (N per trial; <pXX metric> needs M)"), higher_is_better,
@@ -247,6 +252,31 @@ class IterationFigures:
 
 
 @dataclass
+class InstanceFigures:
+    """One instance of an arm of several (`--arm NAME=URL1,URL2`) in one scenario: what the
+    client sent it and measured, and what its own counters say it served from where (None:
+    not reported). See kvops.abtest.fleet_figures for the cross-instance split."""
+
+    url: str
+    requests: int
+    errors: int
+    mean_ttft_ms: float | None
+    median_ttft_ms: float | None
+    gpu_hit_tokens: float | None
+    offload_hit_tokens: float | None
+    stored_tokens: float | None
+    cross_instance_hit_tokens: float | None
+    cross_instance_hit_share: float | None
+
+    def to_json(self) -> Json:
+        return _fields(self)
+
+    @classmethod
+    def from_json(cls, d: Any, where: str = "instances[]") -> InstanceFigures:
+        return cls(**_exact(d, _names(cls), where))
+
+
+@dataclass
 class MeasuredArm:
     """One arm in one scenario: pooled metrics over its measured trials, its errors, and the
     per-iteration and per-batch figures (warm-up included) the plots draw."""
@@ -260,6 +290,12 @@ class MeasuredArm:
     # how late a simulated engine sent its tokens against its model's schedule; None for
     # servers that do not report it (and then absent from the document)
     engine_emission_lag_mean_ms: float | None = None
+    # an arm of several instances only (absent from the document otherwise): each instance's
+    # figures, and the share of the arm's offload hits loaded where the prefix was not first
+    # computed (the field `kvops sim run --instances N` predicts; None: nothing loaded, or
+    # not reported)
+    instances: list[InstanceFigures] | None = None
+    cross_instance_hit_share: float | None = None
 
     def to_json(self) -> Json:
         d: Json = {
@@ -272,12 +308,16 @@ class MeasuredArm:
         }
         if self.engine_emission_lag_mean_ms is not None:
             d["engine_emission_lag_mean_ms"] = self.engine_emission_lag_mean_ms
+        if self.instances is not None:
+            d["instances"] = [i.to_json() for i in self.instances]
+            d["cross_instance_hit_share"] = self.cross_instance_hit_share
         return d
 
     @classmethod
     def from_json(cls, d: Any, where: str) -> MeasuredArm:
-        lag = "engine_emission_lag_mean_ms"
-        d = _exact(d, _names(cls, skip=(lag,)), where, optional=(lag,))
+        optional = ("engine_emission_lag_mean_ms", "instances", "cross_instance_hit_share")
+        d = _exact(d, _names(cls, skip=optional), where, optional=optional)
+        instances = d.get("instances")
         return cls(
             ArmMetrics.from_json(d["metrics"], f"{where}.metrics"),
             d["errors_total"],
@@ -285,7 +325,11 @@ class MeasuredArm:
             d["warmup_requests"],
             [IterationFigures.from_json(i, f"{where}.per_iteration") for i in d["per_iteration"]],
             [BatchFigures.from_json(b, f"{where}.per_batch") for b in d["per_batch"]],
-            d.get(lag),
+            d.get("engine_emission_lag_mean_ms"),
+            None
+            if instances is None
+            else [InstanceFigures.from_json(i, f"{where}.instances") for i in instances],
+            d.get("cross_instance_hit_share"),
         )
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from kvops import __version__
 from kvops.abtest.deploy_summary import failed_deploy_detail, summarize_deploys
 from kvops.abtest.engine_counters import Counters, add_counters
+from kvops.abtest.fleet_figures import cross_instance_hit_share, instance_figures, prefix_writers
 from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.metrics import (
     broken_arm_errors,
@@ -171,6 +172,24 @@ def engine_counters(
     return out
 
 
+def instance_counters(
+    run_dir: RunDir, done: dict[tuple[str, int, str], str]
+) -> dict[tuple[str, str], dict[str, Counters]]:
+    """(scenario, arm) -> instance URL -> that instance's counters summed over the counted
+    segments (arms of several instances only; `engine_counters` holds their sum)."""
+    out: dict[tuple[str, str], dict[str, Counters]] = {}
+    for d in iter_jsonl(run_dir.segments_path):
+        per = d.get("instance_counters")
+        key = (str(d.get("scenario")), int(d.get("trial") or 0), str(d.get("arm")))
+        if not isinstance(per, dict) or done.get(key) != d.get("attempt"):
+            continue
+        acc = out.setdefault((key[0], key[2]), {})
+        for url, counters in per.items():
+            if isinstance(counters, dict):
+                acc[str(url)] = add_counters(acc.get(str(url), {}), counters)
+    return out
+
+
 def _lag_warnings(scenarios: dict[str, ScenarioResult]) -> list[str]:
     out = []
     for name, sc in scenarios.items():
@@ -215,8 +234,12 @@ def build_results(
 ) -> ResultSet:
     run, specs = run_dir.load_run()
     done = run_dir.done_segments()
-    records = _select(read_records(run_dir.records_path), done)
+    every_record = read_records(run_dir.records_path)
+    records = _select(every_record, done)
     arm_names = [a["name"] for a in run["arms"]]
+    arm_urls = {a["name"]: [a["url"], *(a.get("more_urls") or [])] for a in run["arms"]}
+    writers = prefix_writers(every_record)
+    per_instance = instance_counters(run_dir, done)
     history = run_dir.read_json("arms.json") or {}
     latest_infos = history[max(history, key=attempt_number)] if history else []
     measured: dict[str, dict[str, list[RequestRecord]]] = {}
@@ -233,6 +256,15 @@ def build_results(
             blocks[a], trials[a] = _arm_block(by_arm[a], slo)
             if (spec.name, a) in lags:
                 blocks[a].engine_emission_lag_mean_ms = lags[(spec.name, a)]
+            if len(arm_urls.get(a, [])) > 1:
+                block = blocks[a]
+                block.instances = instance_figures(
+                    arm_urls[a],
+                    [r for r in by_arm[a] if not r.warmup],
+                    per_instance.get((spec.name, a), {}),
+                    writers,
+                )
+                block.cross_instance_hit_share = cross_instance_hit_share(block.instances)
         measured[spec.name] = {a: [r for r in by_arm[a] if not r.warmup] for a in arm_names}
         comparisons: list[Comparison] = []
         base = arm_names[0]

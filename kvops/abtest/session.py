@@ -76,7 +76,10 @@ def prepare(req: AbTestRequest) -> RunDir:
         run, specs = run_dir.load_run()
         req.scenarios = specs
         req.arms = (
-            [Arm(a["name"], a["url"], a.get("model")) for a in run["arms"]]
+            [
+                Arm(a["name"], a["url"], a.get("model"), tuple(a.get("more_urls") or ()))
+                for a in run["arms"]
+            ]
             if not run.get("embedded")
             else []
         )
@@ -96,7 +99,7 @@ def prepare(req: AbTestRequest) -> RunDir:
         req.seed = secrets.randbits(32)
     req.options = dataclasses.replace(req.options, seed=req.seed)
     run = {
-        "arms": [{"name": a.name, "url": a.url, "model": a.model} for a in req.arms]
+        "arms": [_arm_record(a) for a in req.arms]
         or [{"name": "baseline", "url": "embedded"}, {"name": "offload", "url": "embedded"}],
         "embedded": not req.arms,
         "scenarios": [s.name for s in req.scenarios],
@@ -110,6 +113,15 @@ def prepare(req: AbTestRequest) -> RunDir:
     run_dir.create(run, req.scenarios, req.overwrite)
     req.scenarios = run_dir.load_run()[1]  # as --resume reads them (a trace: the run's copy)
     return run_dir
+
+
+def _arm_record(arm: Arm) -> dict[str, Any]:
+    """An arm as run.json keeps it; `more_urls` only for an arm of several instances, so a
+    one-endpoint run's file reads as before."""
+    out: dict[str, Any] = {"name": arm.name, "url": arm.url, "model": arm.model}
+    if arm.more_urls:
+        out["more_urls"] = list(arm.more_urls)
+    return out
 
 
 @contextlib.contextmanager

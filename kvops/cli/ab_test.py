@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvops.abtest.arms import Arm, parse_arm
+from kvops.abtest.arms import parse_arm
 from kvops.abtest.campaign import (
     Campaign,
     is_campaign,
@@ -30,6 +30,7 @@ from kvops.abtest.embedded import SimProfile
 from kvops.abtest.experiment import Hooks, Options
 from kvops.abtest.metrics import parse_slo
 from kvops.abtest.prediction import PredictionProfiles
+from kvops.abtest.routing import ROUTES
 from kvops.abtest.session import AbTestRequest, run_ab_test
 from kvops.cli.spec_help import workload_reference
 from kvops.errors import RC
@@ -64,12 +65,30 @@ Examples:
   kvops ab-test --arm baseline=URL --arm offload=URL --trace my-sessions.jsonl
                                                   # your own traffic (see TRACES)
   kvops ab-test --resume runs/ab-gpu1             # continue an interrupted run
+  kvops ab-test --arm baseline=http://gpu1:8000 \
+      --arm offload=http://gpu2:8000,http://gpu3:8000 --route prefix-handoff
+                                                  # a fleet sharing one KV store (see FLEETS)
 \b
 Exit codes: 0 all requests succeeded; 1 some requests failed (counted per arm, records kept);
 2 usage error or an arm unreachable at start; 130 interrupted (Ctrl-C; results still written).
 """
 
 WORKLOAD_REFERENCE = workload_reference("--workload FILE")
+
+FLEET_HELP = """
+\b
+FLEETS (--arm NAME=URL1,URL2,...): one arm served by several vLLM instances, e.g. offload
+  hosts sharing one GDS directory on the export. Each segment resets every instance, reads
+  every instance's /metrics before and after, and sends each request to one instance:
+    --route round-robin      request k to instance k mod N (a prefix lands anywhere)
+    --route prefix-affinity  every request of prefix p to instance p mod N (no reuse crosses)
+    --route prefix-handoff   each reuse of a prefix to the next instance (every reuse crosses)
+  results.json gives each such arm `instances` (requests, TTFT, hit tokens per endpoint, from
+  each instance's own counters) and `cross_instance_hit_share`: the share of the arm's
+  offload hits loaded on an instance other than the one that computed the prefix first (the
+  field `kvops sim run --instances N` predicts). --deploy switches one host and takes no
+  fleet arm: deploy each host first, then run with --arm.
+"""
 
 TRACE_HELP = """
 \b
@@ -121,14 +140,22 @@ def _trace_spec(path: Path, hash_block_tokens: int, scale: float, name: str | No
     return trace_spec(path, load_trace(path, hash_block_tokens), scale, name)
 
 
-@click.command("ab-test", epilog=EXAMPLES + TRACE_HELP + WORKLOAD_REFERENCE)
+@click.command("ab-test", epilog=EXAMPLES + FLEET_HELP + TRACE_HELP + WORKLOAD_REFERENCE)
 @click.option(
     "--arm",
     "arms",
     multiple=True,
     metavar="NAME=URL",
-    help="An arm to compare (two or more; the first is the baseline). "
-    "None: two embedded sim engines, offload off and on.",
+    help="An arm to compare (two or more; the first is the baseline). NAME=URL1,URL2,...: "
+    "one arm of several instances (see FLEETS). None: two embedded sim engines, offload off "
+    "and on.",
+)
+@click.option(
+    "--route",
+    type=click.Choice(ROUTES),
+    default=None,
+    help="How an arm of several URLs spreads its requests over them (see FLEETS) "
+    "[default: round-robin].",
 )
 @click.option(
     "--scenario",
@@ -580,6 +607,7 @@ class CliArgs:
     evidence_dir: Path | None = None
     trace: Path | None = None
     hash_block_tokens: int = 512
+    route: str | None = None
 
 
 def _request(a: CliArgs) -> AbTestRequest:
@@ -590,6 +618,11 @@ def _request(a: CliArgs) -> AbTestRequest:
     deploy = _deploy_settings(a)
     arms = [parse_arm(text) for text in a.arms]
     if deploy is not None:
+        if any(arm.more_urls for arm in arms):
+            raise ValueError(
+                "--deploy switches one host (--limit) and cannot switch an arm of several "
+                "endpoints together yet: deploy each host, then run with --arm NAME=URL1,URL2"
+            )
         if arms:
             raise ValueError("--deploy names its arms by --deploy-variants, not --arm")
         arms = deploy_arms(deploy, a.deploy_variants.split(","), a.model)
@@ -597,8 +630,13 @@ def _request(a: CliArgs) -> AbTestRequest:
         raise ValueError("give two or more --arm (the first is the baseline), or none")
     if len({arm.name for arm in arms}) != len(arms):
         raise ValueError("arm names must be unique")
+    if a.route is not None and not any(arm.more_urls for arm in arms):
+        raise ValueError(
+            "--route spreads an arm of several endpoints (--arm NAME=URL1,URL2); no arm has more "
+            "than one"
+        )
     if a.model:
-        arms = [Arm(arm.name, arm.url, a.model) for arm in arms]
+        arms = [dataclasses.replace(arm, model=a.model) for arm in arms]
     scenarios = _scenarios(a.scenario, a.workload, a.scale, a.trace, a.hash_block_tokens)
     replays = any(s.trace is not None for s in scenarios)
     if replays and (a.workers or 1) > 1:
@@ -619,6 +657,7 @@ def _request(a: CliArgs) -> AbTestRequest:
         text_prompts=a.text_prompts,
         api=a.api,
         workers=a.workers or auto_workers(scenarios),
+        route=a.route or "round-robin",
     )
     for s in scenarios:
         if s.iterations <= options.warmup_iterations:

@@ -32,11 +32,14 @@ DISPATCH_LAG_MEAN_LIMIT_MS = 10.0
 @dataclass
 class WireRequest:
     """A planned request as the runner sends it: its place in the workload (iteration, batch)
-    and the HTTP request built from it."""
+    and the HTTP request built from it; `endpoint`, when set, is the instance it goes to (an
+    arm of several instances: kvops.abtest.routing), else the runner's own. The body is the
+    same for every instance of an arm (same model and API), so it is encoded once."""
 
     iteration: int
     batch: int
     request: CompletionRequest
+    endpoint: Endpoint | None = None
 
 
 def wire_requests(planned: Sequence[PlannedRequest], endpoint: Endpoint) -> list[WireRequest]:
@@ -212,7 +215,7 @@ class Runner:
         try:
             await send_request(
                 self.session,
-                self.endpoint,
+                self.endpoint if p.endpoint is None else p.endpoint,
                 p.request,
                 timeout_s=self.timeout_s,
                 stall_timeout_s=self.stall_timeout_s,

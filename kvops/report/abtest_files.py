@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kvops.abtest.result_types import RunResults, ScenarioResult
 from kvops.report.abtest_deploy import deploy_html, deploy_markdown
+from kvops.report.abtest_fleet import fleet_lines, fleet_markdown
 from kvops.report.abtest_plots import write_plots
 from kvops.report.abtest_table import fmt_num, fmt_pct, protocol_line
 from kvops.report.explain import (
@@ -126,6 +127,8 @@ def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:
             for arm, b in sc.arms.items()
         ]
         out += _checks_markdown(sc)
+        route = doc.options.get("route")
+        out += fleet_markdown(sc, str(route) if route is not None else None)
         why = why_lines(doc, name)
         out += [""] + [f"- **{markdown_inline(w)}**" for w in why] if why else []
         out += [""] + [
@@ -193,8 +196,12 @@ def to_html(doc: RunResults, plots: list[Path], note: str | None) -> str:
             ]
             parts.append("<tr>" + "".join(cells) + "</tr>")
         parts.append("</table>")
+        route = doc.options.get("route")
         checks = (
-            precondition_lines(sc.checks) + token_source_lines(sc.checks) + why_lines(doc, name)
+            precondition_lines(sc.checks)
+            + token_source_lines(sc.checks)
+            + fleet_lines(sc, str(route) if route is not None else None)
+            + why_lines(doc, name)
         )
         if checks:
             parts += ["<ul>", *[f"<li>{e(printable(x))}</li>" for x in checks], "</ul>"]

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvops.abtest.result_types import Prediction, RunResults, ScenarioResult
+from kvops.report.abtest_fleet import fleet_lines
 from kvops.report.explain import (
     comparison_verdict,
     precondition_lines,
@@ -86,6 +87,8 @@ def render_table(doc: RunResults, console: Console) -> None:
         console.print(f"{markup(name)}: [{style}]{markup(verdict_text(sc))}[/]  [dim]({detail})[/]")
         for line in precondition_lines(sc.checks) + token_source_lines(sc.checks):
             console.print(f"  [dim]{markup(line)}[/]")
+        for line in fleet_lines(sc, _route(doc)):
+            console.print(f"  {markup(line)}")
         for line in why_lines(doc, name):
             console.print(f"  {markup(line)}")
     _prediction_lines(doc.model_prediction or {}, arm_names, console)
@@ -140,6 +143,12 @@ def protocol_line(doc: RunResults, sc: ScenarioResult) -> str:
     else:
         order = f"requests {sc.workload.request_order}"
     return order + (f", run seed {seed}" if seed is not None else "")
+
+
+def _route(doc: RunResults) -> str | None:
+    """The run's --route, for arms of several instances (older runs did not record one)."""
+    route = doc.options.get("route")
+    return str(route) if route is not None else None
 
 
 def _share(x: Any) -> str:

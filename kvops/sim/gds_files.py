@@ -128,6 +128,20 @@ class GdsChunkWriter:
                 written += 2
         return written
 
+    def has_chunk(self, chunk_hash: int) -> bool:
+        """Whether every rank's metadata file of this chunk (unsigned model hash) is on disk
+        now: how LMCache's GDS backend finds a chunk another process stored after its start-up
+        scan (`contains()` -> `_try_to_read_metadata`, an `os.path.exists` of the `.metadata`
+        file). The metadata file is renamed into place after the data file, so its presence
+        means the chunk is whole."""
+        signed = to_signed64(chunk_hash)
+        for worker in range(self.world_size):
+            key = ChunkKey(self.model_name, self.world_size, worker, signed, self.dtype)
+            path = key.path(self.root)
+            if not os.path.exists(path.with_name(path.name + ".metadata")):
+                return False
+        return True
+
     def scan(self) -> list[int]:
         """Chunks already on disk for this model and world size (unsigned hashes), found the
         way LMCache's startup scan does: `*.metadata` files in two-character directories.

@@ -18,6 +18,7 @@ nothing here changes.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice, takewhile
 
@@ -92,6 +93,10 @@ class OffloadTier:
         self.instance = instance
         self._now_s = 0.0
         self._read_free_s = 0.0  # when this host's link finishes its last read (export mode)
+        # Whether a chunk's files are on the persistent level now, asked on a miss (the
+        # server's GdsChunkWriter.has_chunk): another process sharing the GDS path may have
+        # stored it since start-up. None in the pure model, whose fleet shares one index.
+        self.file_probe: Callable[[int], bool] | None = None
         if export is not None:
             self._join(export)
 
@@ -172,6 +177,17 @@ class OffloadTier:
         """Tokens of the longest readable prefix as of the last `advance` (LMCache never
         reports the whole prompt: at least its last token is recomputed)."""
         n = len(list(takewhile(self._readable.__contains__, chunk_hashes)))
+        probe = self.file_probe
+        if probe is not None and n < len(chunk_hashes):
+            # LMCache's GDS backend does the same: `contains()` misses in its index, then
+            # looks for the chunk's metadata file on disk (GdsBackend._try_to_read_metadata,
+            # https://github.com/LMCache/LMCache/blob/dev/lmcache/v1/storage_backend/gds_backend.py).
+            # A chunk this tier is still writing itself is not probed: it lands when modelled.
+            known = self._known
+            found = list(takewhile(lambda h: h not in known and probe(h), chunk_hashes[n:]))
+            if found:
+                self.preload(found)
+                n += len(found)
         return max(0, min(n * self.chunk_size, num_tokens - 1))
 
     def record_lookup(self, num_tokens: int, hit_tokens: int) -> None:

@@ -123,6 +123,8 @@ class SimServer:
             )
             found = self.writer.scan()
             offload.preload(found)
+            # chunks other engines sharing this directory store later are found on a miss
+            offload.file_probe = self.writer.has_chunk
             print(f"Read {len(found)} cache entries from persistent storage", file=sys.stderr)
         kv_tokens = self.engine.cache.num_blocks * s.block_size
         print(  # the lines vLLM logs at startup, which operators grep for

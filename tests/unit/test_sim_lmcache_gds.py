@@ -97,3 +97,15 @@ def test_tokenizer_round_trips_and_counts_words() -> None:
     assert len(tok.encode("The quick  brown\nfox")) == 4
     assert tok.encode("hello") == tok.encode("hello")
     assert all(0 <= t < 128_256 for t in tok.encode("zzz qqq hello-world 123"))
+
+
+def test_has_chunk_sees_another_writers_files_once_every_rank_is_there(tmp_path: Path) -> None:
+    reader = GdsChunkWriter(tmp_path, "m", 2, "bfloat16", 1 << 20)
+    writer = GdsChunkWriter(tmp_path, "m", 2, "bfloat16", 1 << 20)
+    h = (1 << 63) + 12345  # a hash LMCache writes negative
+    assert not reader.has_chunk(h)
+    writer.write([h])
+    assert reader.has_chunk(h)
+    meta = next(tmp_path.rglob("*%401%40*.metadata"))  # rank 1 (quoted: "@1@")
+    meta.unlink()
+    assert not reader.has_chunk(h)

@@ -59,3 +59,32 @@ def test_preloaded_chunks_from_a_previous_run_are_hits() -> None:
     t.preload([7, 8])
     assert t.lookup_tokens([7, 8], 10_000) == 512
     assert t.store([7], 0.0, False)[1] == []
+
+
+def test_a_miss_finds_chunks_another_process_stored_on_disk() -> None:
+    """LMCache's GDS `contains()` looks on disk when its index misses: a chunk stored by another
+    engine sharing the directory is a hit, up to the first chunk no process has stored."""
+    t = tier(local_cpu=False, gds_path="/g", gds_buffer_size=1)
+    on_disk = {1, 2, 4}
+    asked: list[int] = []
+
+    def probe(h: int) -> bool:
+        asked.append(h)
+        return h in on_disk
+
+    assert t.lookup_tokens([1, 2, 3, 4], 10_000) == 0  # no probe: the start-up scan only
+    t.file_probe = probe
+    assert t.lookup_tokens([1, 2, 3, 4], 10_000) == 2 * 256
+    assert asked == [1, 2, 3]  # stops at the first chunk nobody stored
+    assert t.store([1, 2, 3], 0.0, False)[1] == [3]  # found chunks are not written again
+    asked.clear()
+    t.advance(0.0)
+    assert t.lookup_tokens([1, 2], 10_000) == 2 * 256 and asked == []  # now indexed
+
+
+def test_a_chunk_this_tier_is_still_writing_is_not_probed() -> None:
+    t = tier(local_cpu=False, gds_path="/g", gds_buffer_size=1)
+    t.store([1], step_end_s=5.0, blocking=False)
+    t.file_probe = lambda h: True
+    t.advance(1.0)
+    assert t.lookup_tokens([1, 2], 10_000) == 0  # lands when its modelled write ends
