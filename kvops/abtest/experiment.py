@@ -31,6 +31,7 @@ from kvops.abtest.arms import (
     reset_prefix_cache,
 )
 from kvops.abtest.engine_counters import Counters, counter_delta
+from kvops.abtest.failed_loads import log_size, read_log_since
 from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.result_types import RunResults
 from kvops.abtest.rundir import RunDir
@@ -146,6 +147,8 @@ class Experiment:
     _fresh_arm: Arm | None = None
     # scenario name -> the trace it replays (`--trace`), read from the run directory's copy
     _traces: dict[str, Trace] = field(default_factory=dict)
+    # arm name -> its service log, read per segment for failed KV loads (kvops.abtest.failed_loads)
+    service_logs: dict[str, Path] = field(default_factory=dict)
 
     def _warn(self, text: str) -> None:
         if text not in self.warnings:
@@ -288,6 +291,8 @@ class Experiment:
 
         seen: list[RequestRecord] = []
         counters_before: Counters | None = None
+        log_path = self.service_logs.get(arm.name)
+        log_from = 0  # where the measured part of the segment starts in the service log
 
         def on_record(rec: RequestRecord) -> None:
             records.write_record(rec)
@@ -335,6 +340,7 @@ class Experiment:
                     # a trace is replayed whole, once per segment, with no warm-up: its own
                     # reuse, from a cold cache, is what is measured
                     counters_before = await fetch_counters(session, info)
+                    log_from = log_size(log_path) if log_path is not None else 0
                     labels = Labels(arm.name, spec.name, trial, attempt, False)
                     await runner.run_sessions(replay, labels)
                     if self.stop.is_set():
@@ -344,6 +350,7 @@ class Experiment:
                     if iteration == opts.warmup_iterations:
                         # the engine's token counters over the measured iterations only
                         counters_before = await fetch_counters(session, info)
+                        log_from = log_size(log_path) if log_path is not None else 0
                     labels = Labels(arm.name, spec.name, trial, attempt, warm)
                     await self._iteration(spec, trial, iteration, planned, labels, runner, pool)
                     self._check_warm_tier(spec, arm, seen)
@@ -364,6 +371,8 @@ class Experiment:
         counters_after = await fetch_counters(session, info)
         if counters_before is not None and counters_after is not None:
             seg["engine_counters"] = counter_delta(counters_before, counters_after)
+        if log_path is not None:
+            seg["service_log"] = await asyncio.to_thread(read_log_since, log_path, log_from)
         lag_after = await emission_lag(session, info)
         if lag_before is not None and lag_after is not None:
             # how late the simulated engine sent its tokens against the model's schedule

@@ -29,7 +29,13 @@ Schema (versioned; additions only within a version):
                                mean|std|median|p90|p99 _ ttft|tpot|itl|e2el _ms,
                                cached_token_share (None = not reported)},
                      errors_total, errors_by_reason, warmup_requests, per_iteration, per_batch,
-                     [engine_emission_lag_mean_ms (simulated engines only)]}},
+                     [engine_emission_lag_mean_ms (simulated engines only)],
+                     [failed_loads: {failed_loads (at least), sources, requests_recomputed,
+                                     tokens_recomputed, requests_failed, lmcache_short_retrieves,
+                                     lmcache_read_errors, lmcache_failed_gets, per_trial:
+                                     [{trial, failed_loads}], examples, log_errors}
+                      (arms with a service log or LMCache's failed-get counter;
+                       kvops.abtest.failed_loads)]}},
       comparisons: [{metric, baseline_arm, candidate_arm, baseline, candidate (values),
                      delta_pct, ci95_low_pct, ci95_high_pct, verdict (as the scenario's, or
                      "too few requests (N per trial; <pXX metric> needs M)"), higher_is_better,
@@ -70,6 +76,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvops.abtest.failed_loads import FailedLoads
 from kvops.abtest.score import PredictionScore
 from kvops.abtest.validity import ScenarioChecks
 from kvops.errors import KvopsError
@@ -260,6 +267,9 @@ class MeasuredArm:
     # how late a simulated engine sent its tokens against its model's schedule; None for
     # servers that do not report it (and then absent from the document)
     engine_emission_lag_mean_ms: float | None = None
+    # its failed KV loads (kvops.abtest.failed_loads); None when nothing reported them (and
+    # then absent from the document)
+    failed_loads: FailedLoads | None = None
 
     def to_json(self) -> Json:
         d: Json = {
@@ -272,12 +282,14 @@ class MeasuredArm:
         }
         if self.engine_emission_lag_mean_ms is not None:
             d["engine_emission_lag_mean_ms"] = self.engine_emission_lag_mean_ms
+        if self.failed_loads is not None:
+            d["failed_loads"] = self.failed_loads.to_json()
         return d
 
     @classmethod
     def from_json(cls, d: Any, where: str) -> MeasuredArm:
-        lag = "engine_emission_lag_mean_ms"
-        d = _exact(d, _names(cls, skip=(lag,)), where, optional=(lag,))
+        lag, failed = "engine_emission_lag_mean_ms", "failed_loads"
+        d = _exact(d, _names(cls, skip=(lag, failed)), where, optional=(lag, failed))
         return cls(
             ArmMetrics.from_json(d["metrics"], f"{where}.metrics"),
             d["errors_total"],
@@ -286,6 +298,7 @@ class MeasuredArm:
             [IterationFigures.from_json(i, f"{where}.per_iteration") for i in d["per_iteration"]],
             [BatchFigures.from_json(b, f"{where}.per_batch") for b in d["per_batch"]],
             d.get(lag),
+            FailedLoads.from_json(d[failed]) if isinstance(d.get(failed), dict) else None,
         )
 
 

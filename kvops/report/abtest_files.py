@@ -29,6 +29,7 @@ from kvops.report.explain import (
     verdict_text,
     why_lines,
 )
+from kvops.report.failed_loads import failed_load_lines
 from kvops.report.host_text import markdown_inline, printable
 from kvops.report.prediction import prediction_html, prediction_markdown
 from kvops.workload.record import RequestRecord
@@ -126,6 +127,8 @@ def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:
             for arm, b in sc.arms.items()
         ]
         out += _checks_markdown(sc)
+        failed = failed_load_lines(sc)
+        out += [""] + [f"- **{markdown_inline(line)}**" for line in failed] if failed else []
         why = why_lines(doc, name)
         out += [""] + [f"- **{markdown_inline(w)}**" for w in why] if why else []
         out += [""] + [
@@ -194,7 +197,10 @@ def to_html(doc: RunResults, plots: list[Path], note: str | None) -> str:
             parts.append("<tr>" + "".join(cells) + "</tr>")
         parts.append("</table>")
         checks = (
-            precondition_lines(sc.checks) + token_source_lines(sc.checks) + why_lines(doc, name)
+            precondition_lines(sc.checks)
+            + token_source_lines(sc.checks)
+            + why_lines(doc, name)
+            + failed_load_lines(sc)
         )
         if checks:
             parts += ["<ul>", *[f"<li>{e(printable(x))}</li>" for x in checks], "</ul>"]

@@ -22,6 +22,7 @@ from kvops.report.explain import (
     verdict_text,
     why_lines,
 )
+from kvops.report.failed_loads import failed_load_lines
 from kvops.report.host_text import markup
 
 TABLE_METRICS = (
@@ -86,6 +87,8 @@ def render_table(doc: RunResults, console: Console) -> None:
         console.print(f"{markup(name)}: [{style}]{markup(verdict_text(sc))}[/]  [dim]({detail})[/]")
         for line in precondition_lines(sc.checks) + token_source_lines(sc.checks):
             console.print(f"  [dim]{markup(line)}[/]")
+        for line in failed_load_lines(sc):
+            console.print(f"  [yellow]{markup(line)}[/]")
         for line in why_lines(doc, name):
             console.print(f"  {markup(line)}")
     _prediction_lines(doc.model_prediction or {}, arm_names, console)
