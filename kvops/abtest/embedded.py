@@ -59,6 +59,11 @@ class EngineStartError(KvopsError, RuntimeError):
     pass
 
 
+def embedded_log(log_dir: Path, arm: str) -> Path:
+    """Where an embedded engine writes its output (its service log)."""
+    return log_dir / f"sim-{arm}.log"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,7 +121,7 @@ class EmbeddedEngines:
         lmcache_file = self.lmcache_config()
         for name, offload in (("baseline", False), ("offload", True)):
             port = free_port()
-            log = (self.log_dir / f"sim-{name}.log").open("wb")
+            log = embedded_log(self.log_dir, name).open("wb")
             proc = subprocess.Popen(
                 self.command(port, offload),
                 stdout=log,

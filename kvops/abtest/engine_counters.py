@@ -6,8 +6,9 @@ counted in tokens): `vllm:prompt_tokens` (every prompt token of the requests sch
 `vllm:prefix_cache_hits` (served from vLLM's GPU prefix cache), `vllm:external_prefix_cache_hits`
 and `_queries` (what the KV connector - LMCache - loaded, and was asked for),
 `vllm:prompt_tokens_cached_by_source{source=...}` (cached tokens per tier), and LMCache's
-`lmcache:num_hit_tokens`, `num_stored_tokens`, `num_retrieve_requests` and `put_failed_count`
-(stores LMCache dropped). A counter the server
+`lmcache:num_hit_tokens`, `num_stored_tokens`, `num_retrieve_requests`, `put_failed_count`
+(stores LMCache dropped) and `get_blocking_failed_count` (its remote backend's failed gets, the
+one load failure LMCache 0.5.6 counts: `kvops.abtest.failed_loads`). A counter the server
 does not expose is absent from the snapshot, never zero: "not reported" and "nothing loaded"
 are different findings.
 
@@ -32,6 +33,7 @@ COUNTERS: dict[str, str] = {
     "lmcache_stored_tokens": "lmcache:num_stored_tokens",
     "lmcache_retrieve_requests": "lmcache:num_retrieve_requests",
     "lmcache_put_failed": "lmcache:put_failed_count",
+    "lmcache_get_failed": "lmcache:get_blocking_failed_count",
 }
 BY_SOURCE = "vllm:prompt_tokens_cached_by_source"
 SOURCE_PREFIX = "cached_by_source:"  # + the source label (device, host, disk, ...)

@@ -32,6 +32,7 @@ from kvops.abtest.arms import (
     reset_prefix_cache,
 )
 from kvops.abtest.engine_counters import Counters, add_counters, counter_delta
+from kvops.abtest.failed_loads import log_size, read_log_since
 from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.result_types import RunResults
 from kvops.abtest.routing import route_requests
@@ -152,6 +153,8 @@ class Experiment:
     _fresh_arm: Arm | None = None
     # scenario name -> the trace it replays (`--trace`), read from the run directory's copy
     _traces: dict[str, Trace] = field(default_factory=dict)
+    # arm name -> its service log, read per segment for failed KV loads (kvops.abtest.failed_loads)
+    service_logs: dict[str, Path] = field(default_factory=dict)
 
     def _warn(self, text: str) -> None:
         if text not in self.warnings:
@@ -333,6 +336,9 @@ class Experiment:
         async def scrape_counters() -> list[Counters | None]:
             return [await fetch_counters(session, i) for i in instances]
 
+        log_path = self.service_logs.get(arm.name)
+        log_from = 0  # where the measured part of the segment starts in the service log
+
         def on_record(rec: RequestRecord) -> None:
             records.write_record(rec)
             seen.append(rec)
@@ -384,6 +390,7 @@ class Experiment:
                     # a trace is replayed whole, once per segment, with no warm-up: its own
                     # reuse, from a cold cache, is what is measured
                     counters_before = await scrape_counters()
+                    log_from = log_size(log_path) if log_path is not None else 0
                     labels = Labels(arm.name, spec.name, trial, attempt, False)
                     await runner.run_sessions(replay, labels)
                     if self.stop.is_set():
@@ -393,6 +400,7 @@ class Experiment:
                     if iteration == opts.warmup_iterations:
                         # the engine's token counters over the measured iterations only
                         counters_before = await scrape_counters()
+                        log_from = log_size(log_path) if log_path is not None else 0
                     labels = Labels(arm.name, spec.name, trial, attempt, warm)
                     await self._iteration(spec, trial, iteration, planned, labels, runner, pool)
                     self._check_warm_tier(spec, arm, seen)
@@ -425,6 +433,8 @@ class Experiment:
                 seg["engine_counters"] = total
             if len(instances) > 1:
                 seg["instance_counters"] = deltas
+        if log_path is not None:
+            seg["service_log"] = await asyncio.to_thread(read_log_since, log_path, log_from)
         lags = [
             (after[0] - before[0], after[1] - before[1])
             for before, after in zip(

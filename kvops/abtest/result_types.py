@@ -34,7 +34,13 @@ Schema (versioned; additions only within a version):
                                    gpu_hit_tokens, offload_hit_tokens, stored_tokens,
                                    cross_instance_hit_tokens, cross_instance_hit_share}],
                       cross_instance_hit_share (an arm of several URLs only;
-                      kvops.abtest.fleet_figures)]}},
+                      kvops.abtest.fleet_figures)],
+                     [failed_loads: {failed_loads (at least), sources, requests_recomputed,
+                                     tokens_recomputed, requests_failed, lmcache_short_retrieves,
+                                     lmcache_read_errors, lmcache_failed_gets, per_trial:
+                                     [{trial, failed_loads}], examples, log_errors}
+                      (arms with a service log or LMCache's failed-get counter;
+                       kvops.abtest.failed_loads)]}},
       comparisons: [{metric, baseline_arm, candidate_arm, baseline, candidate (values),
                      delta_pct, ci95_low_pct, ci95_high_pct, verdict (as the scenario's, or
                      "too few requests (N per trial; <pXX metric> needs M)"), higher_is_better,
@@ -75,6 +81,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvops.abtest.failed_loads import FailedLoads
 from kvops.abtest.score import PredictionScore
 from kvops.abtest.validity import ScenarioChecks
 from kvops.errors import KvopsError
@@ -296,6 +303,9 @@ class MeasuredArm:
     # not reported)
     instances: list[InstanceFigures] | None = None
     cross_instance_hit_share: float | None = None
+    # its failed KV loads (kvops.abtest.failed_loads); None when nothing reported them (and
+    # then absent from the document)
+    failed_loads: FailedLoads | None = None
 
     def to_json(self) -> Json:
         d: Json = {
@@ -311,13 +321,21 @@ class MeasuredArm:
         if self.instances is not None:
             d["instances"] = [i.to_json() for i in self.instances]
             d["cross_instance_hit_share"] = self.cross_instance_hit_share
+        if self.failed_loads is not None:
+            d["failed_loads"] = self.failed_loads.to_json()
         return d
 
     @classmethod
     def from_json(cls, d: Any, where: str) -> MeasuredArm:
-        optional = ("engine_emission_lag_mean_ms", "instances", "cross_instance_hit_share")
+        optional = (
+            "engine_emission_lag_mean_ms",
+            "instances",
+            "cross_instance_hit_share",
+            "failed_loads",
+        )
         d = _exact(d, _names(cls, skip=optional), where, optional=optional)
         instances = d.get("instances")
+        failed = d.get("failed_loads")
         return cls(
             ArmMetrics.from_json(d["metrics"], f"{where}.metrics"),
             d["errors_total"],
@@ -330,6 +348,7 @@ class MeasuredArm:
             if instances is None
             else [InstanceFigures.from_json(i, f"{where}.instances") for i in instances],
             d.get("cross_instance_hit_share"),
+            FailedLoads.from_json(failed) if isinstance(failed, dict) else None,
         )
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from kvops import __version__
 from kvops.abtest.deploy_summary import failed_deploy_detail, summarize_deploys
 from kvops.abtest.engine_counters import Counters, add_counters
+from kvops.abtest.failed_loads import failed_load_warnings, failed_loads_by_arm
 from kvops.abtest.fleet_figures import cross_instance_hit_share, instance_figures, prefix_writers
 from kvops.abtest.leakage import warm_tier_warnings
 from kvops.abtest.metrics import (
@@ -246,6 +247,7 @@ def build_results(
     scenarios: dict[str, ScenarioResult] = {}
     lags = engine_lags(run_dir, done)
     counters = engine_counters(run_dir, done)
+    failed = failed_loads_by_arm(list(iter_jsonl(run_dir.segments_path)), done)
     for spec in specs:
         by_arm = {
             a: [r for r in records if r.scenario == spec.name and r.arm == a] for a in arm_names
@@ -265,6 +267,7 @@ def build_results(
                     writers,
                 )
                 block.cross_instance_hit_share = cross_instance_hit_share(block.instances)
+            blocks[a].failed_loads = failed.get((spec.name, a))
         measured[spec.name] = {a: [r for r in by_arm[a] if not r.warmup] for a in arm_names}
         comparisons: list[Comparison] = []
         base = arm_names[0]
@@ -298,6 +301,7 @@ def build_results(
         scenario_records = [r for r in records if r.scenario == spec.name]
         warnings += warm_tier_warnings(scenario_records, spec.prefix_tokens, spec.name)
     warnings += [w for w in _lag_warnings(scenarios) if w not in warnings]
+    warnings += [w for w in failed_load_warnings(failed) if w not in warnings]
     prediction = predict_run(run_dir, records)
     if prediction is not None:
         warnings += [w for w in fidelity_warnings(scenarios, prediction) if w not in warnings]

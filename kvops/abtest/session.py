@@ -27,7 +27,7 @@ from kvops.abtest.deploy import (
     deploy_record,
     settings_from_record,
 )
-from kvops.abtest.embedded import EmbeddedEngines, SimProfile
+from kvops.abtest.embedded import EmbeddedEngines, SimProfile, embedded_log
 from kvops.abtest.experiment import Experiment, Hooks, Options
 from kvops.abtest.prediction import (
     PredictionProfiles,
@@ -60,6 +60,9 @@ class AbTestRequest:
     resume_deploy_vars: dict[str, Any] = field(default_factory=dict)
     # the profiles the prediction written before the run uses (None: the --sim-* profiles)
     predict_profiles: PredictionProfiles | None = None
+    # arm name -> its service log (--service-log), read for failed KV loads; the embedded
+    # engines' own logs are read without it (kvops.abtest.failed_loads)
+    service_logs: dict[str, Path] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,6 +90,9 @@ def prepare(req: AbTestRequest) -> RunDir:
         req.scale = float(run.get("scale", 1.0))
         req.sim = SimProfile(**run["sim"]) if run.get("sim") else req.sim
         req.seed, req.slo = int(run.get("seed") or 0), dict(run.get("slo") or {})
+        req.service_logs = {
+            str(k): Path(v) for k, v in (run.get("service_logs") or {}).items()
+        } or req.service_logs
         if run.get("deploy"):
             req.deploy = settings_from_record(run["deploy"], req.resume_deploy_vars)
         elif req.resume_deploy_vars:
@@ -109,6 +115,11 @@ def prepare(req: AbTestRequest) -> RunDir:
         "seed": req.seed,
         "slo": req.slo,
         "deploy": deploy_record(req.deploy) if req.deploy else None,
+        **(
+            {"service_logs": {k: str(v) for k, v in req.service_logs.items()}}
+            if req.service_logs
+            else {}
+        ),
     }
     run_dir.create(run, req.scenarios, req.overwrite)
     req.scenarios = run_dir.load_run()[1]  # as --resume reads them (a trace: the run's copy)
@@ -149,6 +160,9 @@ def run_ab_test(req: AbTestRequest, hooks: Hooks) -> Outcome:
     try:
         with _arms(req, run_dir) as arms:
             exp = Experiment(run_dir, arms, req.scenarios, req.options, hooks)
+            exp.service_logs = dict(req.service_logs) or (
+                {} if req.arms else {a.name: embedded_log(run_dir.path, a.name) for a in arms}
+            )
             try:
                 asyncio.run(_run_with_sigint(exp))
             finally:

@@ -158,6 +158,16 @@ def _trace_spec(path: Path, hash_block_tokens: int, scale: float, name: str | No
     "[default: round-robin].",
 )
 @click.option(
+    "--service-log",
+    "service_logs",
+    multiple=True,
+    metavar="ARM=FILE",
+    help="An arm's service log (e.g. journalctl -o cat -f -u vllm > FILE, or the unit's "
+    "log file), read per segment for failed KV loads (vLLM's \"Recovered from KV load "
+    "failure\", LMCache's failed reads): reported beside the verdict, which includes them. "
+    "The embedded engines' own logs are read without it.",
+)
+@click.option(
     "--scenario",
     type=click.Choice([*PRESET_NAMES, "all"]),
     default=None,
@@ -608,6 +618,7 @@ class CliArgs:
     trace: Path | None = None
     hash_block_tokens: int = 512
     route: str | None = None
+    service_logs: tuple[str, ...] = ()
 
 
 def _request(a: CliArgs) -> AbTestRequest:
@@ -685,7 +696,21 @@ def _request(a: CliArgs) -> AbTestRequest:
         overwrite=a.overwrite,
         deploy=deploy,
         predict_profiles=_predict_profiles(a),
+        service_logs=_service_logs(a.service_logs, [arm.name for arm in arms]),
     )
+
+
+def _service_logs(items: tuple[str, ...], arm_names: list[str]) -> dict[str, Path]:
+    """`--service-log ARM=FILE` -> {arm: path}; the arm must be one of the run's."""
+    logs: dict[str, Path] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--service-log {item!r}: expected ARM=FILE")
+        if name not in arm_names:
+            raise ValueError(f"--service-log {item!r}: no arm {name!r} (arms: {arm_names})")
+        logs[name] = Path(path)
+    return logs
 
 
 def _deploy_settings(a: CliArgs) -> DeploySettings | None:

@@ -30,6 +30,7 @@ from kvops.report.explain import (
     verdict_text,
     why_lines,
 )
+from kvops.report.failed_loads import failed_load_lines
 from kvops.report.host_text import markdown_inline, printable
 from kvops.report.prediction import prediction_html, prediction_markdown
 from kvops.workload.record import RequestRecord
@@ -129,6 +130,8 @@ def markdown(doc: RunResults, plots: list[Path], note: str | None) -> str:
         out += _checks_markdown(sc)
         route = doc.options.get("route")
         out += fleet_markdown(sc, str(route) if route is not None else None)
+        failed = failed_load_lines(sc)
+        out += [""] + [f"- **{markdown_inline(line)}**" for line in failed] if failed else []
         why = why_lines(doc, name)
         out += [""] + [f"- **{markdown_inline(w)}**" for w in why] if why else []
         out += [""] + [
@@ -202,6 +205,7 @@ def to_html(doc: RunResults, plots: list[Path], note: str | None) -> str:
             + token_source_lines(sc.checks)
             + fleet_lines(sc, str(route) if route is not None else None)
             + why_lines(doc, name)
+            + failed_load_lines(sc)
         )
         if checks:
             parts += ["<ul>", *[f"<li>{e(printable(x))}</li>" for x in checks], "</ul>"]

@@ -23,6 +23,7 @@ from kvops.report.explain import (
     verdict_text,
     why_lines,
 )
+from kvops.report.failed_loads import failed_load_lines
 from kvops.report.host_text import markup
 
 TABLE_METRICS = (
@@ -89,6 +90,8 @@ def render_table(doc: RunResults, console: Console) -> None:
             console.print(f"  [dim]{markup(line)}[/]")
         for line in fleet_lines(sc, _route(doc)):
             console.print(f"  {markup(line)}")
+        for line in failed_load_lines(sc):
+            console.print(f"  [yellow]{markup(line)}[/]")
         for line in why_lines(doc, name):
             console.print(f"  {markup(line)}")
     _prediction_lines(doc.model_prediction or {}, arm_names, console)

@@ -18,7 +18,7 @@ from kvops.sim.hashing import PromptHasher, as_token_array
 from kvops.sim.kvcache import GpuKvCache, Ids
 from kvops.sim.lmcache_config import LMCacheSettings
 from kvops.sim.offload import OffloadTier
-from kvops.sim.records import EngineStats, Request, SimRequestRecord, StepResult
+from kvops.sim.records import EngineStats, FailedLoad, Request, SimRequestRecord, StepResult
 
 _NO_BLOCKS: Ids = np.zeros(0, dtype=np.int64)
 
@@ -122,6 +122,8 @@ class Engine:
         self._by_id: dict[str, _Seq] = {}
         chunk = offload.chunk_size if offload else settings.lmcache.chunk_size
         self._hasher = PromptHasher(settings.block_size, chunk)
+        # loads that found unreadable chunks since the caller last took them (`take_failed`)
+        self.failed_loads: list[FailedLoad] = []
 
     # ----- requests in -------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -181,6 +183,11 @@ class Engine:
     def reset_prefix_cache(self) -> bool:
         return self.cache.reset()
 
+    def take_failed(self) -> list[FailedLoad]:
+        """The failed loads since the last call (a server logs them as vLLM and LMCache do)."""
+        out, self.failed_loads = self.failed_loads, []
+        return out
+
     # ----- the step ----------------------------------------------------------------------
     def _free(self, seq: _Seq) -> None:
         self.cache.release(seq.held_ids[: seq.num_held], seq.anon_blocks)
@@ -228,10 +235,18 @@ class Engine:
         seq.anon_blocks = need
         seq.num_computed = gpu_hit + ext
         load_s = 0.0
+        loaded = ext
         if ext:
             assert self.offload is not None
             load_s = self.offload.load_time_s(seq.chunk_hashes, gpu_hit, gpu_hit + ext)
             load_s += self.costs.device_copy_s(ext)
+            loaded, why = self.offload.unreadable(seq.chunk_hashes, gpu_hit, gpu_hit + ext)
+            if why:
+                # vLLM (scheduler `_handle_invalid_blocks`, policy recompute) rewinds the request
+                # to its last valid token and recomputes the rest into the blocks it holds; the
+                # read already cost its time. vLLM counted the hit when it scheduled the load.
+                seq.num_computed = gpu_hit + loaded
+                self.failed_loads.append(FailedLoad(seq.record.request_id, ext - loaded, why))
             if caching:
                 self._register_full_blocks(seq)
         st = self.stats
@@ -243,8 +258,8 @@ class Engine:
         if not seq.scheduled_once:
             seq.scheduled_once = True
             seq.record.gpu_hit_tokens = gpu_hit
-            seq.record.offload_hit_tokens = ext
-            seq.record.computed_prompt_tokens = seq.prompt_len - gpu_hit - ext
+            seq.record.offload_hit_tokens = loaded
+            seq.record.computed_prompt_tokens = seq.prompt_len - gpu_hit - loaded
             st.prompt_tokens += seq.prompt_len
         return new, load_s
 

@@ -11,6 +11,12 @@ and renamed, so a reader never sees half a file. The simulator writes a small pa
 bytes are modelled, not materialised); the header's shape and ``data_offsets`` describe that
 payload so LMCache-style consistency checks (size - 4096 == data_offsets[1]) hold, and
 ``__metadata__`` records the modelled chunk size.
+
+Reading back (`unreadable`): before a load the server checks that every rank's data file of each
+chunk opens and has its full size, as LMCache's GDS backend reads it (`_load_gds`); a file lost,
+truncated or unreadable after it was written is a failed load, logged as LMCache logs it ("GDS
+read failed for <path>: <error>") and recomputed. Only chunks this process wrote or found at
+start-up are judged: a write still queued behind the model's clock is not a lost file.
 """
 
 from __future__ import annotations
@@ -111,6 +117,8 @@ class GdsChunkWriter:
         self.header = _header(dtype, chunk_bytes // max(1, world_size))
         self.root.mkdir(parents=True, exist_ok=True)
         self._dirs: set[Path] = set()  # created already: a mkdir per file is a wasted syscall
+        self.written: set[int] = set()  # chunks (unsigned hashes) whose files are on disk
+        self.file_bytes = HEADER_BYTES + PAYLOAD_ELEMENTS * 2
 
     def write(self, chunk_hashes: list[int]) -> int:
         """Write the given chunks (unsigned model hashes); returns files written."""
@@ -126,6 +134,7 @@ class GdsChunkWriter:
                 _atomic_write(path, payload)
                 _atomic_write(path.with_name(path.name + ".metadata"), self.header)
                 written += 2
+            self.written.add(h)
         return written
 
     def has_chunk(self, chunk_hash: int) -> bool:
@@ -141,6 +150,31 @@ class GdsChunkWriter:
             if not os.path.exists(path.with_name(path.name + ".metadata")):
                 return False
         return True
+
+    def unreadable(self, chunk_hashes: list[int]) -> dict[int, str]:
+        """Of the given chunks (unsigned hashes) those written before whose data file, for some
+        rank, no longer opens or is short, with "<path>: <error>"."""
+        bad: dict[int, str] = {}
+        for h in chunk_hashes:
+            if h not in self.written:
+                continue
+            for worker in range(self.world_size):
+                key = ChunkKey(self.model_name, self.world_size, worker, to_signed64(h), self.dtype)
+                path = key.path(self.root)
+                try:
+                    with path.open("rb") as fh:
+                        size = os.fstat(fh.fileno()).st_size
+                except OSError as exc:
+                    bad[h] = f"{path}: {exc.strerror or exc}"
+                    break
+                if size < self.file_bytes:
+                    bad[h] = f"{path}: {size} of {self.file_bytes} bytes"
+                    break
+        return bad
+
+    def forget(self, chunk_hashes: list[int]) -> None:
+        """Chunks whose files failed a read: judged again only once written again."""
+        self.written.difference_update(chunk_hashes)
 
     def scan(self) -> list[int]:
         """Chunks already on disk for this model and world size (unsigned hashes), found the
@@ -164,4 +198,6 @@ class GdsChunkWriter:
                     if key.world_size != self.world_size or key.dtype != self.dtype:
                         continue
                     ranks.setdefault(key.chunk_hash % (1 << 64), set()).add(key.worker_id)
-        return sorted(h for h, workers in ranks.items() if len(workers) == self.world_size)
+        found = sorted(h for h, workers in ranks.items() if len(workers) == self.world_size)
+        self.written.update(found)
+        return found

@@ -97,6 +97,10 @@ class OffloadTier:
         # server's GdsChunkWriter.has_chunk): another process sharing the GDS path may have
         # stored it since start-up. None in the pure model, whose fleet shares one index.
         self.file_probe: Callable[[int], bool] | None = None
+        # Checks that the stored copies of chunks about to be loaded can be read, returning the
+        # unreadable ones and why: set by a server that keeps LMCache's chunk files
+        # (`kvops.sim.gds_files`); None in the pure model, whose chunks are never lost.
+        self.reader: Callable[[list[int]], dict[int, str]] | None = None
         if export is not None:
             self._join(export)
 
@@ -231,6 +235,32 @@ class OffloadTier:
         self.stats.requested_tokens += tokens
         self.stats.hit_tokens += tokens
         return time_s
+
+    def unreadable(
+        self, chunk_hashes: list[int], start_token: int, end_token: int
+    ) -> tuple[int, dict[int, str]]:
+        """Of a load of tokens [start_token, end_token): how many tokens, from the start, come
+        from readable chunks, and the unreadable chunks with why. Those are dropped from the
+        index, as LMCache's GDS backend drops an entry whose read failed (0.5.6
+        `gds_backend.py` `_load_gds` returns -1, "The caller will handle the error by removing
+        the cache entry"), so a later lookup misses them and the recomputed KV is stored again."""
+        if self.reader is None or end_token <= start_token or self.export is not None:
+            return end_token - start_token, {}
+        first, last = start_token // self.chunk_size, (end_token - 1) // self.chunk_size
+        wanted = chunk_hashes[first : last + 1]
+        bad = self.reader(wanted)
+        if not bad:
+            return end_token - start_token, {}
+        first_bad = next(i for i, h in enumerate(wanted) if h in bad)
+        loaded = max(0, (first + first_bad) * self.chunk_size - start_token)
+        for h in bad:
+            for level in self.levels:
+                level.landed.pop(h, None)
+            self._readable.pop(h, None)
+            self._known.pop(h, None)
+        self.epoch += 1
+        self.stats.hit_tokens -= end_token - start_token - loaded  # LMCache counts retrieved
+        return loaded, bad
 
     def is_stored(self, h: int) -> bool:
         """Stored or being written on some level (LMCache skips a put it already has). On a

@@ -70,6 +70,17 @@ class EngineStats:
     offload_copied_tokens: int = 0  # copied from the paged KV cache to LMCache's buffer
 
 
+@dataclass(frozen=True)
+class FailedLoad:
+    """A load whose stored chunks could not all be read (only where a reader checks them: the
+    server over its chunk files): the request recomputes from the first unreadable chunk on,
+    as vLLM does with `kv_load_failure_policy: recompute`."""
+
+    request_id: str
+    recomputed_tokens: int  # tokens scheduled to load that are recomputed instead
+    why: dict[int, str]  # unreadable chunk hash -> what reading it said
+
+
 @dataclass
 class StepResult:
     """One engine step: when it ended, which requests got a token, which finished, and which

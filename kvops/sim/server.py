@@ -125,6 +125,7 @@ class SimServer:
             offload.preload(found)
             # chunks other engines sharing this directory store later are found on a miss
             offload.file_probe = self.writer.has_chunk
+            offload.reader = self.writer.unreadable
             print(f"Read {len(found)} cache entries from persistent storage", file=sys.stderr)
         kv_tokens = self.engine.cache.num_blocks * s.block_size
         print(  # the lines vLLM logs at startup, which operators grep for
@@ -189,10 +190,31 @@ class SimServer:
                 stream = self._streams.get(record.request_id)
                 if stream is not None:
                     stream.queue.put_nowait(record)
+            self._log_failed_loads()
             if self.writer is not None and result.stored_chunk_hashes:
                 task = asyncio.create_task(self._write_chunks(result.stored_chunk_hashes))
                 self._writes.add(task)
                 task.add_done_callback(self._writes.discard)
+
+    def _log_failed_loads(self) -> None:
+        """Loads that met unreadable chunk files, in the words LMCache 0.5.6 and vLLM use for
+        them (`gds_backend.py` `_load_gds`; `vllm_v1_adapter.py`; vLLM's scheduler
+        `_handle_invalid_blocks` under kv_load_failure_policy recompute), one request each."""
+        for failed in self.engine.take_failed():
+            for detail in failed.why.values():
+                print(f"LMCache ERROR: GDS read failed for {detail}", file=sys.stderr)
+            print(
+                f"LMCache ERROR: Request {failed.request_id}: The number of retrieved tokens is "
+                "less than the expected number of tokens! This should not happen!",
+                file=sys.stderr,
+            )
+            print(
+                "WARNING: Recovered from KV load failure: 1 request(s) rescheduled "
+                f"({failed.recomputed_tokens} tokens affected).",
+                file=sys.stderr,
+            )
+            if self.writer is not None:
+                self.writer.forget(list(failed.why))
 
     async def _await_arrivals(self, start_s: float) -> None:
         """Let the requests that arrived by `start_s` (virtual) but are still being read and

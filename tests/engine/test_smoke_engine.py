@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.timeout(1500)  # the first test may pay for the engine install
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
+RUNS = Path(__file__).resolve().parents[2] / "runs" / "engine"
 
 
 def _items(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
@@ -95,14 +96,17 @@ def test_smoke_fails_on_the_baseline_engine(baseline_engine: Engine, kvops_cli: 
 
 
 def test_a_storage_fault_mid_run_loses_no_request_and_smoke_reports_the_failed_loads(
-    offload_engine: Engine, kvops_cli: Cli
+    offload_engine: Engine, baseline_engine: Engine, kvops_cli: Cli
 ) -> None:
     """The file tier loses every chunk file LMCache writes during the run (deleted as soon as it
     appears: what a lost or swapped export does to a running service). The role renders
     `kv_load_failure_policy: recompute`, so vLLM recomputes what LMCache fails to load and every
     request is answered (smoke ran: exit 1, not 2), and smoke says why it is not a pass: the
-    failed loads in this start's log. Last in the tier: the offload engine keeps LMCache's index
-    of the deleted chunks (only this run's fresh prompts, which nothing later sends)."""
+    failed loads in this start's log. Then a short ab-test on prefixes that overflow the KV cache,
+    the fault still on: no request fails, and the offload arm's failed loads, read from the same
+    log per segment, are in results.json with the warning that the verdict includes them. Last
+    in the tier: the offload engine keeps LMCache's index of the deleted chunks (only this
+    test's fresh prompts, which nothing later sends)."""
     args = offload_engine.args
     kv_config = json.loads(args[args.index("--kv-transfer-config") + 1])
     assert kv_config["kv_load_failure_policy"] == "recompute", kv_config
@@ -121,6 +125,15 @@ def test_a_storage_fault_mid_run_loses_no_request_and_smoke_reports_the_failed_l
 
     thief = threading.Thread(target=lose_new_chunks, daemon=True)
     thief.start()
+    spec = RUNS / "workload-storage-fault.yaml"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    # four 1,920-token prefixes in cyclic order against the 5,120-token KV cache: every measured
+    # request loads its prefix from LMCache, whose files are gone (JSON is valid YAML)
+    spec.write_text(json.dumps({
+        "name": "storage-fault", "num_prefixes": 4, "prefix_tokens": 1920, "prompt_tokens": 1984,
+        "output_tokens": 4, "batch_size": 1, "requests_per_iteration": 4, "iterations": 2,
+        "request_order": "cyclic", "seed": 7,
+    }) + "\n")  # fmt: skip
     try:
         proc = kvops_cli(
             "smoke",
@@ -134,6 +147,13 @@ def test_a_storage_fault_mid_run_loses_no_request_and_smoke_reports_the_failed_l
             "1024",
             "--json",
         )
+        ab = kvops_cli(
+            "ab-test", "--arm", f"baseline={baseline_engine.url}",
+            "--arm", f"offload={offload_engine.url}", "--workload", str(spec), "--trials", "1",
+            "--warmup-iterations", "1", "--out", str(RUNS / "ab-storage-fault"), "--overwrite",
+            "--service-log", f"offload={offload_engine.log_path}", "--json",
+            timeout_s=900,
+        )  # fmt: skip
     finally:
         stop.set()
         thief.join()
@@ -152,3 +172,13 @@ def test_a_storage_fault_mid_run_loses_no_request_and_smoke_reports_the_failed_l
     # recomputed, so the answer is still right (or, where vLLM reports the prompt uncached,
     # there was no offloaded KV to compare)
     assert items["kv_correct"]["status"] in ("PASS", "SKIP"), items["kv_correct"]
+    # the ab-test leg: zero failed requests, the failed loads counted from the log
+    assert ab.returncode == 0, ab.stderr[-3000:]
+    scenario = json.loads(ab.stdout)["scenarios"]["storage-fault"]
+    for arm in ("baseline", "offload"):
+        assert scenario["arms"][arm]["errors_total"] == 0, scenario["arms"][arm]
+    failed = scenario["arms"]["offload"]["failed_loads"]
+    assert failed["failed_loads"] >= 1, failed
+    assert failed["sources"][-1] == f"service log {offload_engine.log_path}", failed
+    warnings = json.loads(ab.stdout)["warnings"]
+    assert any("failed KV load" in w and "arm offload" in w for w in warnings), warnings
