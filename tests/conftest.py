@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from ci_rule import in_ci
+from tiers import order_by_tier
 
 pytest_plugins = ["pytester"]  # tests/unit/test_ci_rule.py runs this conftest in-process
 
@@ -40,6 +41,12 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         return
     if tier in TIERS and not any(item.get_closest_marker(t) for t in TIERS):
         item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the tiers in tests/tiers.py's RUN_ORDER (the fast ones first; the engine tier after
+    the tiers its background virtualenv install overlaps)."""
+    order_by_tier(items)
 
 
 def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:

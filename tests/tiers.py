@@ -16,7 +16,15 @@ that select one tier's tests do not fail the other group (https://docs.pytest.or
 reference/exit-codes.html). SIGTERM or Ctrl-C is passed on to every group, whose fixtures then
 tear their lab hosts and engines down as they would alone (tests/lab/conftest.py).
 
-    python tests/tiers.py [--pytest PATH] [--log-dir DIR] [PYTEST ARGS ...]
+Before the groups start, the engine tier's cached virtualenv is prepared in the background
+(``PREPARE``: tests/engine/install_engine.sh, a no-op once its stamp is there). On a fresh
+machine that install is minutes of downloads; the unit and integration tiers run first in their
+group (tests/conftest.py orders the tiers), so the engine tests find it ready instead of
+waiting for it at the start of their group. Its log is ``prepare.log``; a failed preparation
+fails nothing by itself (the engine tier's own fixture runs the installer again and fails
+loudly), and one still running when every group has ended is stopped.
+
+    python tests/tiers.py [--pytest PATH] [--log-dir DIR] [--no-prepare] [PYTEST ARGS ...]
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, Protocol
 
 # (name, marker expression, niceness): every tier in exactly one group (tests/conftest.py's
 # TIERS). The lab tier is two groups: its time goes mostly to waiting (SSH round trips, the lab
@@ -50,6 +58,32 @@ GROUPS: tuple[tuple[str, str, int], ...] = (
     ("lab-own", "lab and own_lab", 10),
     ("unit+integration+engine", "not lab", 0),
 )
+PREPARE: tuple[str, ...] = ("bash", str(Path(__file__).parent / "engine" / "install_engine.sh"))
+# The order the tiers run in within one pytest process (tests/conftest.py): the fast ones first,
+# so a broken change fails in seconds, and the engine tier after the unit and integration tiers,
+# so the virtualenv PREPARE installs in the background on a fresh machine is ready for it.
+RUN_ORDER = ("unit", "integration", "engine", "lab")
+
+
+class _Marked(Protocol):
+    def get_closest_marker(self, name: str) -> object | None: ...
+
+
+def order_by_tier(items: list[_Marked]) -> None:
+    """Sort collected tests by RUN_ORDER, in place. Stable: within a tier, pytest's own (file)
+    order, so a module's tests stay together and share their module-scoped fixtures."""
+
+    def rank(item: _Marked) -> int:
+        for index, tier in enumerate(RUN_ORDER):
+            if item.get_closest_marker(tier):
+                return index
+        return len(RUN_ORDER)
+
+    items.sort(key=rank)
+
+
+# niced like the lab groups: pip's unpacking must not slow the tiers that judge timing
+PREPARE_NICENESS = 10
 NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 SLOWEST = 20
 
@@ -154,7 +188,39 @@ def _report(group: Group) -> None:
     group.reported = True
 
 
-def run(pytest: Sequence[str], log_dir: Path, args: Sequence[str]) -> int:
+def _start_preparation(command: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """The background preparation, in a session of its own so that stopping it stops its
+    children (pip) too."""
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            list(command),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_niced(PREPARE_NICENESS),
+        )
+    _write(f"preparing: {' '.join(command)} (log: {log_path})\n")
+    return proc
+
+
+def _finish_preparation(proc: subprocess.Popen[bytes], started_s: float) -> None:
+    """Report the preparation's end, stopping it when no group is left to need it."""
+    rc = proc.poll()
+    if rc is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+        _write("preparation: stopped (no test group left to need it)\n")
+        return
+    _write(f"preparation: exit {rc} after {time.monotonic() - started_s:.0f} s\n")
+
+
+def run(
+    pytest: Sequence[str],
+    log_dir: Path,
+    args: Sequence[str],
+    prepare: Sequence[str] | None = None,
+) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     groups = [
         Group(
@@ -179,6 +245,8 @@ def run(pytest: Sequence[str], log_dir: Path, args: Sequence[str]) -> int:
 
     previous = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT)}
     started = time.monotonic()
+    preparation = None if prepare is None else _start_preparation(prepare, log_dir / "prepare.log")
+    prepared_s: float | None = None
     try:
         for group in groups:
             group.log = group.log_path.open("wb")
@@ -203,8 +271,13 @@ def run(pytest: Sequence[str], log_dir: Path, args: Sequence[str]) -> int:
                 if group.log is not None:
                     group.log.close()
                 _report(group)
+            if preparation is not None and prepared_s is None and preparation.poll() is not None:
+                prepared_s = time.monotonic()
+                _finish_preparation(preparation, started)
             time.sleep(0.5)
     finally:
+        if preparation is not None and prepared_s is None:
+            _finish_preparation(preparation, started)
         for group in groups:
             if group.proc is not None and group.proc.poll() is None:
                 group.proc.send_signal(signal.SIGTERM)
@@ -232,10 +305,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--pytest", default=str(Path(sys.executable).parent / "pytest"))
     parser.add_argument("--log-dir", type=Path, default=Path("runs") / "test-tiers")
+    parser.add_argument(
+        "--no-prepare",
+        action="store_true",
+        help="do not install the engine tier's virtualenv in the background",
+    )
     known, rest = parser.parse_known_args(argv)
     if rest[:1] == ["--"]:
         rest = rest[1:]
-    return run([known.pytest], known.log_dir, rest)
+    return run([known.pytest], known.log_dir, rest, None if known.no_prepare else PREPARE)
 
 
 if __name__ == "__main__":

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from tiers import (
     GROUPS,
     NO_TESTS_COLLECTED,
+    PREPARE_NICENESS,
     CaseTime,
     Group,
     combined_returncode,
     group_argv,
     junit_times,
+    order_by_tier,
     run,
     slowest,
 )
@@ -151,3 +154,74 @@ def test_arguments_that_select_one_groups_tests_do_not_fail_the_other(
     assert rc == 0, out
     assert f"tier group lab-shared: exit {NO_TESTS_COLLECTED}" in out
     assert f"tier group lab-own: exit {NO_TESTS_COLLECTED}" in out
+
+
+def test_the_preparation_runs_beside_the_groups_and_is_reported(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _suite(pytester, monkeypatch)
+    logs = tmp_path / "logs"
+    prepare = [sys.executable, "-c", "import os; print('prepared at nice', os.nice(0))"]
+    run([sys.executable, "-m", "pytest"], logs, ["-k", "passes"], prepare)
+    out = capsys.readouterr().out
+    assert "preparation: exit 0" in out, out
+    niced = int((logs / "prepare.log").read_text().split()[-1])
+    assert niced - os.nice(0) == PREPARE_NICENESS
+
+
+def test_a_preparation_still_running_at_the_end_is_stopped_with_its_children(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _suite(pytester, monkeypatch)
+    pid_file = tmp_path / "child.pid"
+    # a shell whose child outlives a signal to the shell alone: as pip under install_engine.sh
+    prepare = ["bash", "-c", f"sleep 300 & echo $! > {pid_file}; wait"]
+    rc = run([sys.executable, "-m", "pytest"], tmp_path / "logs", ["-k", "passes"], prepare)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "preparation: stopped (no test group left to need it)" in out
+    child = int(pid_file.read_text())
+    for _ in range(50):
+        if not Path(f"/proc/{child}").exists() or "Z" in _state(child):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the preparation's child {child} outlived it")
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"
+
+
+class _Item:
+    """What the tier ordering reads of a collected test: its tier marker."""
+
+    def __init__(self, name: str, tier: str) -> None:
+        self.name, self.tier = name, tier
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name == self.tier else None
+
+
+def test_the_engine_tier_runs_after_unit_and_integration_and_files_keep_their_order() -> None:
+    items = [
+        _Item("engine-a", "engine"),
+        _Item("engine-b", "engine"),
+        _Item("integration-a", "integration"),
+        _Item("lab-a", "lab"),
+        _Item("unit-a", "unit"),
+        _Item("unit-b", "unit"),
+    ]
+    order_by_tier(items)
+    assert [i.name for i in items] == [
+        "unit-a", "unit-b", "integration-a", "engine-a", "engine-b", "lab-a",
+    ]  # fmt: skip
