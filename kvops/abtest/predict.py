@@ -15,14 +15,19 @@ after the engine began the batch's first step has its prefill scheduled between 
 decode steps, as vLLM's chunked prefill does, and that shows in mean ITL. With no records
 (`sent` empty) every request of a group arrives at once: `kvops sim run`'s ideal client.
 
-Limits: token-id prompts only (text prompts would need the server's tokenizer round trip);
-batch mode only (rate mode's random arrivals are client-side timing, left out).
+Rate mode is replayed on the client's own schedule: the arrival offsets the load generator
+draws for each iteration (`kvops.workload.schedule.arrival_offsets_s`, seeded by trial and
+iteration, so the replay's are the run's), each request released at its offset or, under
+`max_concurrency`, when a slot frees, whichever is later (as `vllm bench serve`'s
+semaphore does).
+
+Limits: token-id prompts only (text prompts would need the server's tokenizer round trip).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from kvops.abtest.arms import Arm
 from kvops.abtest.embedded import SimProfile
@@ -36,7 +41,7 @@ from kvops.sim.profiles import GpuProfile, ModelProfile, StorageProfile
 from kvops.sim.records import Request, SimRequestRecord
 from kvops.workload.generate import Alphabet, make_prefixes, plan_iteration
 from kvops.workload.record import RequestRecord
-from kvops.workload.schedule import batch_groups
+from kvops.workload.schedule import arrival_offsets_s, batch_groups
 from kvops.workload.spec import WorkloadSpec
 
 # Virtual seconds between two segments: the client resets caches and prepares the next
@@ -96,11 +101,11 @@ def predict(
     sent: Mapping[SendKey, float] | None = None,
 ) -> dict[str, dict[str, ArmMetrics]] | None:
     """scenario -> arm -> metrics (as `compute_metrics`, wall units), or None when the run
-    cannot be replayed in virtual time (text prompts, rate mode). `sent`: each request's send
-    offset within its release group (`send_offsets`); a request not in it arrives with the
-    group's first."""
+    cannot be replayed in virtual time (text prompts, traces). `sent`: each request's send
+    offset within its release group (`send_offsets`; batch mode); a request not in it arrives
+    with the group's first."""
     sent = sent or {}
-    if alphabet.is_text or any(s.rate is not None or s.trace is not None for s in scenarios):
+    if alphabet.is_text or any(s.trace is not None for s in scenarios):
         return None  # a trace (--trace) is predicted by `kvops advise TRACE`, not here
     costs = (
         profile
@@ -125,6 +130,23 @@ def predict(
                 run_seed=options.seed,
             )  # fmt: skip
             warm = iteration < options.warmup_iterations
+            if spec.rate is not None:
+                offsets = arrival_offsets_s(spec, len(planned), key=(trial, iteration))
+                start_s = engine.now_s
+                reqs = [
+                    Request(
+                        f"{arm.name}/{p.request.request_id}",
+                        start_s + offset / time_scale,
+                        _token_ids(p.request.prompt),
+                        p.request.output_tokens,
+                    )
+                    for p, offset in zip(planned, offsets, strict=True)
+                ]
+                for p, rec in zip(
+                    planned, run_capped(engine, reqs, spec.max_concurrency), strict=True
+                ):
+                    out.append(_as_client_record(rec, time_scale, trial, iteration, p.batch, warm))
+                continue
             for group in batch_groups(len(planned), spec.batch_size):
                 batch = [planned[i] for i in group]
                 start_s = engine.now_s
@@ -149,6 +171,31 @@ def predict(
         metrics = compute_metrics([by_trial[t] for t in sorted(by_trial)])
         result.setdefault(scenario, {})[arm_name] = metrics
     return result
+
+
+def run_capped(
+    engine: Engine, requests: Sequence[Request], max_concurrency: int | None
+) -> list[SimRequestRecord]:
+    """Requests in release order, each arriving at its own time or, with `max_concurrency`
+    in flight already, when the next one finishes (a client that holds a semaphore slot per
+    request); to completion, records in the order given."""
+    if max_concurrency is None or max_concurrency >= len(requests):
+        return engine.run(requests)
+    records: dict[str, SimRequestRecord] = {}
+    waiting = list(reversed(requests))  # pop() takes the next in release order
+    in_flight = 0
+    while waiting or in_flight:
+        while waiting and in_flight < max_concurrency:
+            req = waiting.pop()
+            engine.add_request(replace(req, arrival_s=max(req.arrival_s, engine.now_s)))
+            in_flight += 1
+        step = engine.step()
+        if step is None:  # nothing admitted can progress: cannot happen with in_flight > 0
+            break
+        for rec in step.finished:
+            records[rec.request_id] = rec
+            in_flight -= 1
+    return [records[r.request_id] for r in requests]
 
 
 def _token_ids(prompt: list[int] | str) -> list[int]:

@@ -216,10 +216,6 @@ def predict_deltas(
     for real arms). Pure computation: EngineError when the profiles leave no KV memory."""
     if len(arm_names) < 2:
         return RunPrediction(profiles, unavailable="fewer than two arms")
-    if any(s.rate is not None for s in scenarios):
-        return RunPrediction(
-            profiles, unavailable="rate mode is not replayed in virtual time (batch mode only)"
-        )
     replays = 2 * options.trials * sum(s.total_requests for s in scenarios)
     if replays > MAX_PREDICTED_REQUESTS:
         return RunPrediction(

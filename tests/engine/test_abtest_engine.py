@@ -3,8 +3,10 @@ through the real LMCache), on 1,920-token shared prefixes (15 x 128-token blocks
 suffixes. LMCache stores and serves full 256-token chunks only: 1,792 tokens of each prefix
 (7 chunks) come back from it, the rest is computed.
 
-- four prefixes overflow the 5,120-token KV cache: offload's mean TTFT is clearly lower and its
-  external prefix-cache hits rise by LMCache's full chunks for every measured request;
+- a campaign over num_prefixes = 2, 4: two prefixes fit the 5,120-token KV cache and offload
+  gains nothing; four overflow it, offload's mean TTFT is clearly lower and its external
+  prefix-cache hits rise by LMCache's full chunks for every measured request, and the campaign's
+  crossover falls where the capacity crossing does;
 - one prefix stays resident, and unique prompts share nothing: no gain, and the verdicts say so.
 
 Each run's directory (records, results.json, report.md/html) is kept under runs/engine/.
@@ -101,29 +103,47 @@ def _comparison(scenario: dict[str, Any], metric: str) -> dict[str, Any]:
     return next(c for c in scenario["comparisons"] if c["metric"] == metric)  # type: ignore[no-any-return]
 
 
-def test_overflowing_prefixes_offload_lowers_ttft(
+def test_a_num_prefixes_sweep_helps_where_the_prefixes_outgrow_the_kv_cache(
     baseline_engine: Engine, offload_engine: Engine, kvops_cli: Cli
 ) -> None:
+    """A campaign over num_prefixes = 2, 4: two prefixes (3,968 tokens with their suffixes)
+    stay in the 5,120-token KV cache, four do not. Offload helps at four only, and the campaign
+    finds its crossover between the same two points as the capacity crossing."""
     hits0 = _external_hits(offload_engine.url)
-    # Cyclic order (request j uses prefix j mod 4): with four 1,984-token prompts against a
+    # Cyclic order (request j uses prefix j mod N): with four 1,984-token prompts against a
     # 5,120-token cache, LRU has always evicted the next prefix, so every measured request is
     # one LMCache hit of the prefix's full chunks. The default shuffled order repeats a prefix
     # back to back now and then, which the GPU cache serves, and the count would only be a
     # lower bound.
     # Four trials: the verdict is a paired Student-t interval over trial deltas; with two (t = 12.7)
     # even an 80% lower TTFT read "no significant difference" on a busy 2-core host.
-    doc = _ab_test(
-        "overflow", baseline_engine, offload_engine, kvops_cli, 4, "--request-order", "cyclic"
-    )
+    campaign = _ab_test(
+        "overflow", baseline_engine, offload_engine, kvops_cli, 4,
+        "--request-order", "cyclic", "--sweep", "num_prefixes=2,4",
+    )  # fmt: skip
     hits1 = _external_hits(offload_engine.url)
+    fits, overflows = campaign["points"]
+    assert fits["working_set_tokens"] <= fits["gpu_kv_capacity_tokens"] == 5120, fits
+    assert overflows["working_set_tokens"] > overflows["gpu_kv_capacity_tokens"], overflows
+    assert fits["verdict"] in ("no significant difference", "hurts"), fits
+    assert overflows["verdict"] == "helps", overflows
+    assert campaign["crossover"]["value"] == 4, campaign["crossover"]
+    assert campaign["crossover_vs_capacity"].startswith(
+        "the crossover and the capacity crossing fall between the same two points"
+    ), campaign
+    assert "between num_prefixes = 2 and 4" in campaign["gpu_capacity"], campaign["gpu_capacity"]
+
+    doc = json.loads((RUNS / "ab-overflow" / "num_prefixes=4" / "results.json").read_text())
     scenario = _scenario(doc)
     ttft = _comparison(scenario, "mean_ttft_ms")
     assert ttft["verdict"] == "helps", ttft
     assert ttft["delta_pct"] <= -40.0, ttft
-    assert scenario["verdict"] == "helps"
     for arm in ("baseline", "offload"):
         assert scenario["arms"][arm]["metrics"]["errors"] == 0
-    # measured requests: 4 trials x 3 iterations x 4 = 48, each a 1,792-token LMCache hit
+    # measured requests at four prefixes: 4 trials x 3 iterations x 4 = 48, each a 1,792-token
+    # LMCache hit (the offload engine's own counters, read around the point's segments)
+    loaded = scenario["checks"]["token_sources"]["offload"]["offload_tokens"]
+    assert loaded >= 48 * LMCACHE_PREFIX_TOKENS, scenario["checks"]["token_sources"]
     assert hits1 - hits0 >= 48 * LMCACHE_PREFIX_TOKENS
 
 

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from kvops.abtest.embedded import EmbeddedEngines, SimProfile
 from kvops.abtest.experiment import Options
 from kvops.abtest.metrics import compute_metrics
-from kvops.abtest.predict import FIDELITY_TOLERANCE, embedded_arms, fidelity_warnings, predict
+from kvops.abtest.predict import (
+    FIDELITY_TOLERANCE,
+    embedded_arms,
+    fidelity_warnings,
+    predict,
+    run_capped,
+)
 from kvops.abtest.result_types import MeasuredArm, PredictedFigures, ScenarioResult
 from kvops.report.abtest_files import kv_memory_note
+from kvops.sim.model import EngineSettings, build_engine
+from kvops.sim.records import Request
 from kvops.workload.generate import Alphabet
 from kvops.workload.spec import load_preset, spec_from_dict
 
@@ -87,3 +97,21 @@ def test_the_report_names_each_arms_kv_memory() -> None:
                 "lmcache_local_cpu_gb": "0"}  # fmt: skip
     plain = kv_memory_note(baseline)
     assert "GDS" not in plain and "CPU" not in plain
+
+
+def _engine_and_requests(arrivals_s: list[float]) -> tuple[Any, list[Request]]:
+    engine = build_engine(PROFILE["model"], PROFILE["gpu"], PROFILE["storage"], EngineSettings())
+    reqs = [Request(f"r{i}", t, list(range(1, 513)), 8) for i, t in enumerate(arrivals_s)]
+    return engine, reqs
+
+
+def test_a_capped_client_releases_the_next_request_when_one_finishes() -> None:
+    engine, reqs = _engine_and_requests([0.0, 0.0, 0.0, 5.0])
+    one_at_a_time = run_capped(engine, reqs, 1)
+    for before, after in itertools.pairwise(one_at_a_time):
+        assert before.finish_s is not None
+        assert after.arrival_s >= before.finish_s  # waited for the slot
+    assert one_at_a_time[-1].arrival_s == 5.0  # a slot was free before its own release time
+    engine, reqs = _engine_and_requests([0.0, 0.0, 0.0, 5.0])
+    uncapped = run_capped(engine, reqs, None)
+    assert [r.arrival_s for r in uncapped] == [0.0, 0.0, 0.0, 5.0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import pytest
 
@@ -151,11 +152,27 @@ def test_the_prediction_follows_the_storage_it_is_given() -> None:
     slow = predict_deltas([spec], arms, options, crawl, SimProfile(), 0.02)
     slow_primary = slow.scenarios[spec.name].metrics["total_token_throughput_tok_s"]
     assert slow_primary["delta_pct"] < primary["delta_pct"] and slow_primary["verdict"] == "hurts"
-    rate = dataclasses.replace(spec, rate=4.0)
-    assert "rate mode" in str(
-        predict_deltas([rate], arms, options, _profiles(), None, 1).unavailable
-    )
     huge = dataclasses.replace(spec, iterations=MAX_PREDICTED_REQUESTS)
     assert "more than" in str(
         predict_deltas([huge], arms, options, _profiles(), None, 1).unavailable
     )
+
+
+def test_rate_mode_is_predicted_on_the_clients_arrival_schedule() -> None:
+    """An open-loop rate below what either arm can serve: both arms keep up, throughput is the
+    offered load and offload cannot raise it (only the prefill of each request is faster);
+    at a rate past the baseline's capacity offload serves more."""
+    spec = load_preset("multi-shared-prefix").scaled(0.02)
+    options = Options(trials=2, seed=7)
+
+    def throughput(rate: float) -> dict[str, Any]:
+        point = dataclasses.replace(spec, rate=rate)
+        prediction = predict_deltas(
+            [point], ["baseline", "offload"], options, _profiles(), SimProfile(), 0.02
+        )
+        assert prediction.unavailable is None, prediction.unavailable
+        return prediction.scenarios[spec.name].metrics["total_token_throughput_tok_s"]
+
+    light, saturating = throughput(2.0), throughput(1000.0)
+    assert light["verdict"] == "no significant difference" and abs(light["delta_pct"]) < 1, light
+    assert saturating["verdict"] == "helps" and saturating["delta_pct"] > 10, saturating
