@@ -90,7 +90,7 @@ def _ab_test(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc: dict[str, Any] = json.loads(proc.stdout)
-    assert (out / "results.json").exists()
+    assert (out / ("campaign.json" if "--sweep" in extra else "results.json")).exists()
     return doc
 
 

@@ -131,9 +131,9 @@ def control_engines(
 def test_lmcache_stores_full_chunks_and_returns_the_same_kv_after_a_prefix_cache_reset(
     baseline_engine: Engine,
     offload_engine: Engine,
-    control_engines: dict[str, Engine],
     prompt: list[int],
     tiny_model: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     url, gds = offload_engine.url, offload_engine.kv_dir
     assert gds is not None
@@ -164,6 +164,9 @@ def test_lmcache_stores_full_chunks_and_returns_the_same_kv_after_a_prefix_cache
             re.escape(str(tiny_model)) + r"@1@0@[0-9a-f-]+@float\.kvcache\.safetensors", name
         ), name
         assert Path(str(path) + ".metadata").is_file()
+    # The control engines start now, with these chunk files on disk, so that the one on this
+    # gds_path finds them in its start-up scan (the next test); they start while this one ends.
+    request.getfixturevalue("control_engines")
 
     post_json(url + "/reset_prefix_cache")
     warm = greedy_completion(url, prompt)
@@ -191,12 +194,18 @@ def test_a_fresh_process_on_the_same_gds_path_hits_first_and_wrong_kv_fails_smok
     prompt: list[int],
     kvops_cli: Cli,
 ) -> None:
-    """Same gds_path, another process (a restart, or another host on the same export): its first
-    request hits the chunks the offload engine wrote, from the files. The double zeroes V as it
-    loads them: the answer changes, and smoke's correctness check says so."""
+    """Same gds_path, another process started after the offload engine wrote its chunks (a
+    restart, or another host on the same export): LMCache's start-up scan reads them, and its
+    first request hits them, from the files. The double zeroes V as it loads them: the answer
+    changes, and smoke's correctness check says so."""
     zero_v = control_engines["zero_v"]
     zero_v.wait_ready()
     url = zero_v.url
+    # LMCache's GdsBackend logs the chunks its start-up scan found ("Read %s cache entries from
+    # persistent storage"): at least the previous test's
+    scanned = [int(n) for n in re.findall(r"Read (\d+) cache entries from persistent storage",
+                                          zero_v.log_text())]  # fmt: skip
+    assert scanned and scanned[0] >= STORED // CHUNK, scanned
     assert _counter(url, "lmcache:num_hit_tokens") == 0
     corrupted = greedy_completion(url, prompt)  # this process's first request
     assert corrupted["cached_tokens"] == STORED, corrupted  # the KV did come from LMCache
