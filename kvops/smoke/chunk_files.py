@@ -7,17 +7,29 @@ GPU host does. Hence stdlib only and Python >= 3.8 syntax, like the probe.
 LMCache's GDS backend writes ``*.kvcache.safetensors``: a 4096-byte header (``<Q`` length + JSON)
 followed by the KV bytes, ``data_offsets[1]`` of the header being their length
 (lmcache/v1/storage_backend/gds_backend.py). Other ``*.safetensors`` are a connector's files (vLLM's
-ExampleConnector). ``*.tmp*`` files are writes in flight and are not counted.
+ExampleConnector). LMCache's server mode (``lmcache server``) keeps its file tier through the
+``fs`` L2 adapter: flat ``<model>@0x<kv_rank hex>@<group hex>@<chunk hash hex>[@salt].data``
+files of raw KV bytes with no header (lmcache/v1/distributed/l2_adapters/fs_l2_adapter.py,
+``_object_key_to_filename``). ``*.tmp*`` files are writes in flight and are not counted.
 """
 
 import json
 import os
+import re
 import struct
 import sys
 from typing import Any
 
 LMCACHE_SUFFIX = ".kvcache.safetensors"
 LMCACHE_HEADER_BYTES = 4096
+# the fs L2 adapter's object file name (see the module docstring)
+LMCACHE_FS_NAME = re.compile(r"@0x[0-9a-f]{8}@[0-9a-f]+@[0-9a-f]+(@[^@/]*)?\.data$")
+
+
+def _is_chunk_name(name: str) -> bool:
+    if ".tmp" in name:
+        return False
+    return name.endswith(".safetensors") or LMCACHE_FS_NAME.search(name) is not None
 
 
 def _raise(exc: OSError) -> None:
@@ -25,7 +37,8 @@ def _raise(exc: OSError) -> None:
 
 
 def list_paths(root: str) -> list[str]:
-    """Every finished ``*.safetensors`` under root; empty when root is not a directory.
+    """Every finished chunk file (``*.safetensors``, the fs tier's ``*.data``) under root;
+    empty when root is not a directory.
     Raises OSError for a directory that cannot be listed (an empty answer would read as
     "nothing stored")."""
     found: list[str] = []
@@ -33,7 +46,7 @@ def list_paths(root: str) -> list[str]:
         return found
     for dirpath, _dirs, files in os.walk(root, onerror=_raise):
         for name in files:
-            if name.endswith(".safetensors") and ".tmp" not in name:
+            if _is_chunk_name(name):
                 found.append(os.path.join(dirpath, name))
     return sorted(found)
 
@@ -53,8 +66,14 @@ def _lmcache_header_ok(path: str, size: int) -> bool:
 
 
 def describe(path: str) -> dict[str, Any]:
-    """{"path", "size_bytes", "layout" (lmcache | connector), "header_ok" (None: not checked)}."""
-    layout = "lmcache" if path.endswith(LMCACHE_SUFFIX) else "connector"
+    """{"path", "size_bytes", "layout" (lmcache | lmcache-fs | connector), "header_ok" (None:
+    not checked; for the fs tier's headerless files, whether there are any bytes)}."""
+    if path.endswith(LMCACHE_SUFFIX):
+        layout = "lmcache"
+    elif LMCACHE_FS_NAME.search(os.path.basename(path)):
+        layout = "lmcache-fs"
+    else:
+        layout = "connector"
     header_ok: bool | None = None
     try:
         size = os.path.getsize(path)
@@ -63,6 +82,8 @@ def describe(path: str) -> dict[str, Any]:
     else:
         if layout == "lmcache":
             header_ok = _lmcache_header_ok(path, size)
+        elif layout == "lmcache-fs":
+            header_ok = size > 0
     return {"path": path, "size_bytes": size, "layout": layout, "header_ok": header_ok}
 
 

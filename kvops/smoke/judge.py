@@ -81,8 +81,10 @@ class RequestResult:
 @dataclass(frozen=True)
 class ChunkFile:
     """A file in the chunk directory. `layout` is "lmcache" for `*.kvcache.safetensors` (LMCache's
-    GDS backend) or "connector" for other `*.safetensors` (vLLM's ExampleConnector).
-    `header_ok` is None when the header was not checked (connector files)."""
+    GDS backend), "lmcache-fs" for the `lmcache server` file tier's `*.data` objects, or
+    "connector" for other `*.safetensors` (vLLM's ExampleConnector). `header_ok` is None when
+    the header was not checked (connector files); for the headerless fs objects, whether the
+    file has any bytes."""
 
     path: str
     size_bytes: int
@@ -362,7 +364,7 @@ def judge_chunk_files(ev: SmokeEvidence) -> Finding:
             f"no new chunk files under {ev.gds_dir} ({ev.files_after_count} there, none new): "
             "nothing was written to storage, or this is not the engine's gds_path as seen here",
         )
-    lmcache = [f for f in new if f.layout == "lmcache"]
+    lmcache = [f for f in new if f.layout in ("lmcache", "lmcache-fs")]
     bad = [f for f in lmcache if f.header_ok is False]
     size = _size(sum(f.size_bytes for f in new))
     if bad:
@@ -372,11 +374,12 @@ def judge_chunk_files(ev: SmokeEvidence) -> Finding:
             f"{len(bad)} of {len(lmcache)} new LMCache chunk files have a bad header or size "
             f"(e.g. {bad[0].path})",
         )
-    kind = (
-        "LMCache chunk files (*.kvcache.safetensors)"
-        if lmcache
-        else "connector files (*.safetensors)"
-    )
+    if any(f.layout == "lmcache-fs" for f in new):
+        kind = "LMCache file-tier objects (the server's fs L2 adapter, *.data)"
+    elif lmcache:
+        kind = "LMCache chunk files (*.kvcache.safetensors)"
+    else:
+        kind = "connector files (*.safetensors)"
     return _finding(
         "chunk_files",
         Severity.PASS,

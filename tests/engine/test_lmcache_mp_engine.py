@@ -339,6 +339,8 @@ def test_store_retrieve_and_a_first_request_hit_from_the_file_tier_after_a_resta
         mp.engine.url,
         "--lmcache-server-url",
         server.http_url,
+        "--gds-dir",
+        str(mp.gds),
         "--prompt-tokens",
         "1600",
         "--json",
@@ -348,3 +350,6 @@ def test_store_retrieve_and_a_first_request_hit_from_the_file_tier_after_a_resta
     assert done.returncode == 0 and items["stored_tokens"] == items["retrieved_tokens"] == "PASS", (
         done.stdout[-3000:] + done.stderr[-2000:]
     )
+    # and counts the new objects of the server's file tier (the fs L2 adapter's *.data files)
+    files_item = next(i for i in doc["items"] if i["name"] == "chunk_files")
+    assert files_item["status"] == "PASS" and "fs L2 adapter" in files_item["message"], files_item

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -426,3 +427,30 @@ def test_kv_check_cannot_pass_when_its_reference_came_from_a_warm_store() -> Non
     warm = KvCheck(PROMPT, Completion(TOKENS, LOGPROBS, 1792), Completion(TOKENS, LOGPROBS, 1792))
     item = by_name(judge(lmcache_evidence(kv_check=warm)))["kv_correct"]
     assert item.severity == "SKIP" and "not computed from scratch" in item.message
+
+
+# How `lmcache server`'s fs L2 adapter names an object (LMCache 0.5.6,
+# lmcache/v1/distributed/l2_adapters/fs_l2_adapter.py `_object_key_to_filename`):
+# <model, "/" as -SEP->@0x<kv_rank, 8 hex digits>@<object group hex>@<chunk hash hex>.data
+FS_OBJECT = "-SEP-models-SEP-tiny@0x01000100@0@9f3ac1d2e4b5a6978877665544332211.data"
+
+
+def test_the_server_file_tiers_objects_are_chunk_files(tmp_path: Path) -> None:
+    from kvops.smoke import chunk_files
+
+    (tmp_path / FS_OBJECT).write_bytes(b"\0" * 4096)
+    (tmp_path / "empty@0x01000100@0@00ff.data").write_bytes(b"")
+    (tmp_path / FS_OBJECT.replace(".data", ".tmp")).write_bytes(b"\0")  # a write in flight
+    (tmp_path / "notes.data").write_text("not LMCache's")
+    paths = chunk_files.list_paths(str(tmp_path))
+    assert [Path(p).name for p in paths] == [FS_OBJECT, "empty@0x01000100@0@00ff.data"]
+    described = {Path(p).name: chunk_files.describe(p) for p in paths}
+    assert described[FS_OBJECT]["layout"] == "lmcache-fs"
+    assert described[FS_OBJECT]["header_ok"] is True
+    assert described["empty@0x01000100@0@00ff.data"]["header_ok"] is False
+
+    good = (ChunkFile(str(tmp_path / FS_OBJECT), 4096, "lmcache-fs", True),)
+    item = by_name(judge(lmcache_evidence(new_files=good)))["chunk_files"]
+    assert item.severity == "PASS" and "fs L2 adapter" in item.message, item.message
+    empty = (ChunkFile(str(tmp_path / "e@0x01000100@0@00ff.data"), 0, "lmcache-fs", False),)
+    assert by_name(judge(lmcache_evidence(new_files=empty)))["chunk_files"].severity == "FAIL"
