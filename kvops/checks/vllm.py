@@ -179,6 +179,9 @@ def _lmcache_server_metrics(ctx: Context, shown: str) -> Finding:
         msg = "LMCache server healthy but its /metrics has no lmcache_mp_* (observability off?)"
         return finding("GDS-073", Severity.WARN, msg, shown)
     shown += f"; LMCache server {ev.source_text(health)}: HTTP {health.get('http_status')}"
+    # LMCache's store controller publishes its attached L2 adapters by state, gauge
+    # "lmcache_mp.l2_store_adapters" (0.5.6: lmcache/v1/distributed/storage_controllers/
+    # store_controller.py)
     l2 = metrics.counter_value("lmcache_mp_l2_store_adapters", state="active")
     shown += "; lmcache_mp_* present" + (f", {l2:.0f} active L2 adapter(s)" if l2 else "")
     return finding("GDS-073", Severity.PASS, shown)

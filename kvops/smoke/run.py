@@ -181,7 +181,8 @@ class _Server:
 
 
 # LMCache's multiprocess server (0.5.6) counts through OpenTelemetry
-# (lmcache/v1/mp_observability/subscribers/metrics/): chunks written to L1 (every stored chunk
+# (lmcache/v1/mp_observability/subscribers/metrics/: l1.py "lmcache_mp.l1_write", unit chunks;
+# lookup.py "lmcache_mp.lookup_hit", unit tokens): chunks written to L1 (every stored chunk
 # lands there first) and prefix tokens its lookups found in L1 or L2. Prometheus names carry the
 # unit (OpenTelemetry's Prometheus exporter); without it for an exporter that drops units.
 MP_L1_WRITES = ("lmcache_mp_l1_write_chunks", "lmcache_mp_l1_write")

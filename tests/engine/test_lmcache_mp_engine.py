@@ -41,6 +41,8 @@ from ansible.template import Templar, trust_as_template
 from greedy_requests import greedy_completion, post_json, same_answer
 
 from kvops.parse.prometheus import parse_prometheus_text
+from kvops.smoke.judge import LMCACHE_HIT, LMCACHE_STORED
+from kvops.smoke.run import lmcache_server_counters
 
 if TYPE_CHECKING:
     from conftest import Engine, RoleRendering
@@ -314,6 +316,13 @@ def test_store_retrieve_and_a_first_request_hit_from_the_file_tier_after_a_resta
     counters = server.counters()
     assert any(v > 0 for k, v in counters.items() if "store" in k), counters
     assert any(v > 0 for k, v in counters.items() if "retrieve" in k or "hit" in k), counters
+    # the names kvops reads (smoke's MP_L1_WRITES / MP_LOOKUP_HITS, validate's GDS-073), as
+    # this LMCache's own exporter publishes them
+    metrics = parse_prometheus_text(_get(server.http_url + "/metrics"))
+    read = {s.name: s.value for s in lmcache_server_counters(metrics, CHUNK)}
+    assert read.get(LMCACHE_STORED, 0) >= STORED, (read, sorted(counters))
+    assert read.get(LMCACHE_HIT, 0) >= STORED, (read, sorted(counters))
+    assert (metrics.counter_value("lmcache_mp_l2_store_adapters", state="active") or 0) >= 1
 
     # Both processes restart: the server's L1 is empty, the files stay.
     mp.engine.stop()
