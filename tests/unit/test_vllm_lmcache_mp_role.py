@@ -31,6 +31,8 @@ MODEL = {
 
 pytestmark = pytest.mark.unit
 
+DIGEST = "docker.io/lmcache/vllm-openai@sha256:" + "0" * 64
+
 
 def _filters() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
@@ -217,7 +219,14 @@ def test_known_flags_and_vouched_for_flags_pass() -> None:
         ),
         ({"vllm_lmcache_mp_service_name": "vllm"}, "must differ"),
         ({"vllm_lmcache_mp_extra_args": ["--l2-adapter", "{}"]}, "vllm_lmcache_mp_l2_adapters"),
-        ({"vllm_lmcache_install_method": "container"}, "vllm_lmcache_mp_command"),
+        (
+            {
+                "vllm_lmcache_install_method": "container",
+                "vllm_lmcache_container_image": DIGEST,
+                "vllm_lmcache_mp_container_entrypoint": "lmcache",
+            },
+            "vllm_lmcache_mp_container_entrypoint must be the absolute path",
+        ),
         ({"vllm_lmcache_mp_hash_algorithm": "builtin"}, "blake3 or sha256_cbor"),
     ],
 )
@@ -233,3 +242,31 @@ def test_the_flag_list_is_the_pinned_versions() -> None:
     assert FLAG_DOC["since"] == defaults["vllm_lmcache_lmcache_version"]
     assert {"--supported-transfer-mode", "--l2-adapter", "--gds-l1-path"} <= set(FLAG_DOC["flags"])
     assert {"fs", "fs_native", "nixl_store", "fault_inject"} <= set(FLAG_DOC["l2_adapter_types"])
+
+
+def test_with_the_container_install_method_the_server_is_its_own_container() -> None:
+    container = {
+        "vllm_lmcache_install_method": "container",
+        "vllm_lmcache_container_image": DIGEST,
+        "vllm_lmcache_mp_gds_l1_path": "/local/nvme/lmcache/slab",
+    }
+    argv = shlex.split(_render("{{ _vllm_lmcache_mp_exec_start }}", **container))
+    assert argv[:6] == ["podman", "run", "--rm", "--name", "lmcache", "--ipc=host"]
+    assert "--network=host" in argv
+    # the image's own lmcache, beside its vllm
+    assert argv[argv.index("--entrypoint") + 1 :][:3] == ["/opt/venv/bin/lmcache", DIGEST, "server"]
+    # every directory the server writes, at the same path as on the host
+    volumes = {a.split("=", 1)[1] for a in argv if a.startswith("--volume=")}
+    assert {
+        "/mnt/kvcache/gds:/mnt/kvcache/gds",
+        "/local/nvme/lmcache:/local/nvme/lmcache",
+    } <= volumes
+    assert "--device" in argv  # the GPUs (CDI) for the transfer mode's CUDA IPC
+    flags = argv[argv.index("server") + 1 :]
+    assert FILTERS.lmcache_server_flag_problems(flags, FLAG_DOC, "0.5.6", []) == []
+    assert _validate_failures(**container) == []
+    unit = str(_render((ROLE / "templates" / "lmcache_server.service.j2").read_text(), **container))
+    assert "User=root" in unit  # the runtime runs as root; the server inside as the service user
+    assert "ExecStartPre=-/usr/bin/podman rm --force lmcache" in unit
+    virtualenv = str(_render((ROLE / "templates" / "lmcache_server.service.j2").read_text()))
+    assert "podman" not in virtualenv and "User=root" not in virtualenv
