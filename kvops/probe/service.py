@@ -434,6 +434,8 @@ LMCACHE_PROBLEM_TEXTS = (
     "Unknown configuration key",
     "does not exist in configuration",
     "Failed to convert value",
+    # a WARN: LMCache's start-up scan of gds_path stopped (kvops.checks.lmcache.JOURNAL_WARNINGS)
+    "during GDS start",
 )
 PROBLEM_LINES = 200
 

@@ -202,10 +202,19 @@ def test_a_fresh_process_on_the_same_gds_path_hits_first_and_wrong_kv_fails_smok
     zero_v.wait_ready()
     url = zero_v.url
     # LMCache's GdsBackend logs the chunks its start-up scan found ("Read %s cache entries from
-    # persistent storage"): at least the previous test's
-    scanned = [int(n) for n in re.findall(r"Read (\d+) cache entries from persistent storage",
-                                          zero_v.log_text())]  # fmt: skip
-    assert scanned and scanned[0] >= STORED // CHUNK, scanned
+    # persistent storage"): at least the previous test's. In 0.5.6 that scan can lose a race with
+    # its own constructor and stop at the first metadata file (then validate's GDS-066 WARNs);
+    # the first request below hits either way, through the on-demand lookup.
+    log = zero_v.log_text()
+    scanned = [int(n) for n in re.findall(r"Read (\d+) cache entries from persistent storage", log)]
+    stopped = "during GDS start" in log and "_use_noatime" in log
+    assert (scanned and scanned[0] >= STORED // CHUNK) or stopped, (scanned, zero_v.log_tail())
+    assert not (scanned and stopped), "a scan both finished and stopped"
+    if stopped:
+        from kvops.checks.lmcache import JOURNAL_WARNINGS, journal_problems
+
+        warned, _ = journal_problems(log.splitlines(), JOURNAL_WARNINGS)
+        assert warned and "on-demand lookups only" in warned[0], warned
     assert _counter(url, "lmcache:num_hit_tokens") == 0
     corrupted = greedy_completion(url, prompt)  # this process's first request
     assert corrupted["cached_tokens"] == STORED, corrupted  # the KV did come from LMCache

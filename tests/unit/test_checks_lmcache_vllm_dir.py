@@ -296,10 +296,11 @@ def test_degraded_mode_fails_even_after_it_scrolled_out_of_the_tail() -> None:
 
 
 def test_the_probes_problem_grep_covers_every_line_the_judge_fails() -> None:
-    from kvops.checks.lmcache import JOURNAL_PROBLEMS
+    from kvops.checks.lmcache import JOURNAL_PROBLEMS, JOURNAL_WARNINGS
     from kvops.probe.service import LMCACHE_PROBLEM_TEXTS
 
-    assert [needle for needle, _ in JOURNAL_PROBLEMS] == list(LMCACHE_PROBLEM_TEXTS)
+    needles = [needle for needle, _ in JOURNAL_PROBLEMS + JOURNAL_WARNINGS]
+    assert needles == list(LMCACHE_PROBLEM_TEXTS)
 
 
 def _resolved(doc: dict[str, Any], paths: dict[str, str]) -> None:
@@ -384,3 +385,22 @@ def test_dynamic_lmcache_connector_counts() -> None:
     doc = healthy()
     doc["items"]["vllm_process"]["data"]["argv"][-1] = json.dumps(dynamic)
     assert findings_for(doc, "GDS-072")[0][0] == "PASS"
+
+
+# LMCache 0.5.6's line when its start-up scan of gds_path loses the race with its constructor
+# (captured in this project's engine tier, tests/engine/test_lmcache_engine.py; path shortened)
+SCAN_STOPPED_LINE = (
+    "[2026-12-05 12:29:04,721] LMCache ERROR: Failed to read metadata file /mnt/kvcache/gds/71/56/"
+    "%2Fmodels%2Ftiny%401%400%406350b2255f3cdd01%40float.kvcache.safetensors.metadata during GDS "
+    "start; raising the error to fail startup (gds_backend.py:453:lmcache.v1.storage_backend."
+    "gds_backend)\n"
+)
+
+
+def test_a_stopped_start_up_scan_warns_and_a_real_failure_still_fails() -> None:
+    doc = healthy()
+    doc["items"]["vllm_journal"]["stdout"] += SCAN_STOPPED_LINE
+    [(severity, message)] = findings_for(doc, "GDS-066")
+    assert severity == "WARN" and "on-demand lookups only" in message, message
+    doc["items"]["vllm_journal"]["stdout"] += DEGRADED_LINES  # a FAIL outranks the warning
+    assert findings_for(doc, "GDS-066")[0][0] == "FAIL"
