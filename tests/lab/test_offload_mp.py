@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from deploy_lab import GDS_DIR, SERVICE_UID, run_deploy, served_wheelhouse
 from lab_harness import LabHosts
 from site_lab import HERE, REPO_ROOT, SITE_VARS, explain, failure_messages, recap, run_role
@@ -204,6 +206,36 @@ def test_a_second_run_and_check_mode_change_nothing(
     assert check.returncode == 0, explain(check)
     assert recap(check)[DEPLOYED]["changed"] == 0, explain(check)
     assert len(deploy_host.doubles_log(DEPLOYED, "lmcache-server")) == 1  # never restarted
+
+
+def test_validate_reads_the_servers_health_metrics_and_log(
+    deploy_host: LabHosts, mp_deployed: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    """`kvops validate` on the offload_mp host: LMCache's checks read the server's own
+    /healthcheck, /metrics (lmcache_mp_*, its L2 adapter active) and log of this start, not
+    vLLM's. (The GDS stack's checks are not asserted: this host has had no site.yml.)"""
+    server_vars = tmp_path / "mp-validate-vars.yml"
+    settings = {
+        "kvops_lmcache_server_service": "lmcache.service",
+        "kvops_lmcache_server_url": "http://127.0.0.1:8080",
+    }
+    server_vars.write_text(yaml.safe_dump({"all": {"hosts": {DEPLOYED: settings}}}))
+    argv = [str(Path(sys.executable).parent / "kvops"), "validate", "--json"]
+    for source in (
+        deploy_host.inventory_path, SITE_VARS, HERE / "validate_lab_vars.yml",
+        HERE / "deploy_lab_vars.yml", server_vars,
+    ):  # fmt: skip
+        argv += ["-i", str(source)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=deploy_host.env(), timeout=600)
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    findings = {f["check_id"]: f for f in json.loads(proc.stdout)["hosts"][DEPLOYED]["findings"]}
+    server = findings["GDS-073"]
+    assert server["severity"] == "PASS", server
+    assert "lmcache_mp_* present, 1 active L2 adapter(s)" in server["message"], server
+    log = findings["GDS-066"]
+    assert log["severity"] == "PASS" and "no LMCache fallback" in log["message"], log
+    # two logs judged: vLLM's and the server's ("<vLLM lines> + <server lines> log lines")
+    assert " + " in log["message"], log
 
 
 def test_switching_to_offload_removes_the_server(
