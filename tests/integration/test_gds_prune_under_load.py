@@ -28,22 +28,24 @@ import pytest
 
 from kvops.gds.prune import DATA_SUFFIX, META_SUFFIX
 
-# Small multi-shared-prefix shape: 6 prefixes of 31 chunks (256 tokens each, the embedded
-# offload engine's LMCache chunk size) reused over 6 iterations, in real time
-# (--sim-time-scale 1): the store grows to many times the budget within seconds, prefixes are
-# read back while prune removes them, and the offload segments last long enough for several
-# prune runs (each a fresh `kvops` process, as the role's timer starts it).
+# The multi-shared-prefix preset's shape (20 prefixes of 28,000 tokens) at --scale 0.05, as the
+# deploy lab test runs it: the prefixes overflow the (equally scaled) GPU KV cache, so every
+# reuse is read from the store, 5 chunks of 256 tokens (the embedded offload engine's LMCache
+# chunk size) per prefix. In real time (--sim-time-scale 1) the store grows to many times the
+# budget within seconds, prefixes are read back while prune removes them, and the offload
+# segments last long enough for prune runs (each a fresh `kvops` process, as the role's timer
+# starts it) to end among them.
 WORKLOAD = """\
-num_prefixes: 6
-prefix_tokens: 7936
-prompt_tokens: 8192
+num_prefixes: 20
+prefix_tokens: 28000
+prompt_tokens: 30000
 output_tokens: 4
-batch_size: 6
-iterations: 6
+batch_size: 20
+iterations: 4
 seed: 3
 """
 # One chunk is a data file (4096-byte header + payload) and its .metadata copy of the header
-# (kvops.sim.gds_files): ~8 KiB. 64 KiB holds 7 of the ~190 chunks each trial stores.
+# (kvops.sim.gds_files): ~8 KiB. 64 KiB holds 7 of the ~100 chunks each trial stores.
 BUDGET = "64K"
 BUDGET_BYTES = 64 * 1024
 
@@ -79,7 +81,7 @@ def test_prune_keeps_a_live_store_under_budget_and_loses_no_request(tmp_path: Pa
     workload = tmp_path / "workload.yaml"
     workload.write_text(WORKLOAD)
     ab = subprocess.Popen(
-        [sys.executable, "-m", "kvops", "ab-test", "--workload", str(workload), "--scale", "1",
+        [sys.executable, "-m", "kvops", "ab-test", "--workload", str(workload), "--scale", "0.05",
          "--sim-time-scale", "1", "--trials", "2", "--seed", "5", "--out", str(out), "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -141,8 +143,14 @@ def test_prune_keeps_a_live_store_under_budget_and_loses_no_request(tmp_path: Pa
     assert records and all(not r.get("error") for r in records), [
         r["error"] for r in records if r.get("error")
     ][:5]
-    # 2 arms x 2 trials x 6 iterations x 6 requests, warm-up included
-    assert len(records) == 144
+    # 2 arms x 2 trials x 4 iterations x 20 requests, warm-up included
+    assert len(records) == 320
+    # A reuse whose chunks prune removed after the engine indexed them is a failed load that the
+    # engine recomputed (counted from its service log, kvops.abtest.failed_loads), never a
+    # failed request. How many there are depends on how prune and the batches interleave: a
+    # runs here had 12 to 36 in the offload arm; the count is reported, not asserted.
+    offload = doc["scenarios"]["custom"]["arms"]["offload"]
+    assert (offload.get("failed_loads") or {}).get("requests_failed") in (None, 0), offload
 
     # Only chunks went.
     assert stray.read_text() == "not a chunk: prune must leave it\n"
