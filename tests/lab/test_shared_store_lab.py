@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from deploy_lab import DEPLOY_VARS, GDS_DIR, SERVICE_UID, run_deploy, served_whe
 from lab_harness import LabHosts
 from site_lab import explain, run_site
 
+from kvops.abtest.embedded import free_port
 from kvops.abtest.engine_counters import counter_delta, read_counters
 
 pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
@@ -204,7 +204,7 @@ def test_a_prefix_stored_by_host_a_is_a_hit_on_host_b(fleet: LabHosts, export_di
 @pytest.fixture
 def local_baseline(tmp_path: Path) -> Iterator[str]:
     """The ab-test's baseline arm: the same engine profile without offload, on this machine."""
-    port = 18731 + os.getpid() % 1000
+    port = free_port()
     log = (tmp_path / "baseline.log").open("wb")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_")}
     proc = subprocess.Popen(
@@ -243,7 +243,7 @@ def test_ab_test_prefix_handoff_measures_cross_instance_hits(
     workload = tmp_path / "fleet.yaml"
     workload.write_text(FLEET_WORKLOAD)
     out = tmp_path / "ab-fleet"
-    kvops = shutil.which("kvops", path=str(Path(sys.executable).parent)) or "kvops"
+    kvops = str(Path(sys.executable).parent / "kvops")
     proc = subprocess.run(
         [kvops, "ab-test", "--arm", f"baseline={local_baseline}", "--arm", f"offload={a},{b}",
          "--route", "prefix-handoff", "--workload", str(workload), "--trials", "2",
