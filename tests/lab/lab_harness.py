@@ -180,6 +180,31 @@ class LabHosts:
             raise RuntimeError("this LabHosts is not attached to a running lab")
         self._lab.restart_host(name)
 
+    def bind_mount(self, name: str, source: Path, target: str) -> None:
+        """Bind-mount a directory of this machine onto ``target`` (an existing directory) in a
+        running host, e.g. one folder mounted into two hosts standing in for one NFS export
+        that both see (the lab kernel has no NFS). Done from this machine in the host's own
+        mount namespace (nsenter(1) into the host process, whose mounts the host's chroot
+        sees), so it stacks on whatever the host mounted there (the mount.nfs double's tmpfs).
+        Like any mount in a host it is gone after ``restart`` and at teardown."""
+        if self._lab is None:
+            raise RuntimeError("this LabHosts is not attached to a running lab")
+        state = self._lab.state()
+        found = [h for h in state.hosts if h.name == name] if state else []
+        if not found:
+            raise KeyError(f"no host {name!r} in the lab ({', '.join(self.names)})")
+        merged = Path(found[0].dir) / "merged"
+        where = merged / target.lstrip("/")
+        argv = ["nsenter", f"--target={found[0].pid}", "--mount", "--"]
+        proc = subprocess.run(
+            [*argv, "mount", "--bind", str(Path(source).resolve()), str(where)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise AssertionError(f"bind mount of {source} on {name}:{target}: {proc.stderr}")
+
     def testinfra(self, name: str, *, sudo: bool = True) -> Any:
         """A testinfra Host over ssh:// with this lab's ssh_config (ControlMaster: fast)."""
         import testinfra

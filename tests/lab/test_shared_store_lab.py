@@ -1,0 +1,265 @@
+"""Two deployed offload hosts sharing one GDS directory: a prefix stored by one is a hit on the
+other (issue 28, "a fleet sharing one KV store on ONTAP", in the lab tier).
+
+The shared ONTAP export is one directory on this machine, bind-mounted into both lab hosts at
+the GDS directory (`LabHosts.bind_mount`; the lab kernel has no NFS, and the mount.nfs double
+gives each host a private tmpfs). Everything else is what production runs: site.yml and
+deploy.yml converge both hosts as offload hosts with the same model string, chunk size, hash
+algorithm and service uid/gid (tests/lab/deploy_lab_vars.yml); the engine is the role's
+`kvops sim serve` running as the service user, which reads the directory as LMCache's GDS
+backend does: on a miss it looks for the chunk's files on disk, so files another process stored
+are found (kvops/sim/gds_files.py; LMCache `gds_backend.py`,
+https://github.com/LMCache/LMCache/blob/dev/lmcache/v1/storage_backend/gds_backend.py).
+
+What proves the hit on host B is B's own counters (`vllm:external_prefix_cache_hits`,
+`lmcache:num_hit_tokens`) and the response's `usage.prompt_tokens_details.cached_tokens`; the
+time to first token agrees (B's hit against a cold miss of the same length on B, measured in the
+same test, with a wide margin). `kvops ab-test --arm offload=A,B --route prefix-handoff` then
+measures the cross-instance hit share from the instances' counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deploy_lab import DEPLOY_VARS, GDS_DIR, SERVICE_UID, run_deploy, served_wheelhouse
+from lab_harness import LabHosts
+from site_lab import explain, run_site
+
+from kvops.abtest.embedded import free_port
+from kvops.abtest.engine_counters import counter_delta, read_counters
+
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
+
+HOST_A, HOST_B = "kvlab-1", "kvlab-2"
+# One host prunes the store (roles/vllm_lmcache/README.md, "Pruning the store").
+PRUNE = {"vllm_lmcache_prune_host": HOST_A, "vllm_lmcache_prune_max_bytes": "64G"}
+# The engine's profile on both hosts (and on the local baseline of the ab-test), in real time
+# (--time-scale 1): an 8k-token prefill on the modelled L40S takes about a second, loading it
+# from the store about a tenth of that, so the two are far apart against the lab's own noise.
+ENGINE_ARGS = [
+    "--gpu", "l40s-48gb", "--storage", "ontap-nfs-rdma-200g", "--time-scale", "1",
+]  # fmt: skip
+MODEL = "llama-3.1-8b"
+CHUNK_TOKENS = 256  # LMCache chunk_size of the role's config
+PROMPT_TOKENS = 8192  # 32 chunks
+# A small prefix-reuse workload for the ab-test: 2 prefixes reused over 2 iterations, 2 trials.
+FLEET_WORKLOAD = """\
+name: fleet
+num_prefixes: 2
+prefix_tokens: 1024
+prompt_tokens: 1280
+output_tokens: 4
+batch_size: 4
+iterations: 2
+"""
+
+
+@pytest.fixture(scope="module")
+def fleet_lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
+    offload = {"vllm_lmcache_variant": "offload", "kvops_role": "offload", **PRUNE}
+    return lab_factory(
+        hosts=2,
+        variants={HOST_A: {"SYSTEMD": "double"}, HOST_B: {"SYSTEMD": "double"}},
+        host_vars={HOST_A: offload, HOST_B: offload},
+    )
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in for the ONTAP export's GDS directory: owned by the service uid/gid that
+    both hosts share, with the mode nfs_rdma_mount gives it (0750)."""
+    path = tmp_path_factory.mktemp("ontap-export") / "gds"
+    path.mkdir(mode=0o750)
+    os.chown(path, SERVICE_UID, SERVICE_UID)
+    return path
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    fleet_lab: LabHosts, export_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LabHosts]:
+    """Both hosts converged (site.yml) with the shared directory mounted at the GDS directory,
+    then deployed as offload hosts (deploy.yml): each engine starts on the shared store."""
+    lab = fleet_lab
+    for name in lab.names:  # the service account with its fixed ids, as test_deploy.py makes it
+        lab.ssh(name, ["groupadd", "-f", "-g", str(SERVICE_UID), "vllm"], sudo=True)
+        lab.ssh(
+            name,
+            [
+                "sh",
+                "-c",
+                f"id vllm || useradd -r -u {SERVICE_UID} -g vllm -M -s /usr/sbin/nologin vllm",
+            ],
+            sudo=True,
+        )
+    site = run_site(lab, "-i", str(DEPLOY_VARS))
+    assert site.returncode == 0, explain(site)
+    for name in lab.names:
+        lab.bind_mount(name, export_dir, GDS_DIR)
+    with served_wheelhouse(lab, tmp_path_factory.mktemp("wheelhouse")) as wheel_vars:
+        proc = run_deploy(lab, wheel_vars, extra_vars={"vllm_lmcache_extra_args": ENGINE_ARGS})
+        assert proc.returncode == 0, explain(proc)
+    yield lab
+
+
+def _url(lab: LabHosts, host: str) -> str:
+    return f"http://{lab.host(host).ip}:8000"
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return str(resp.read().decode())
+
+
+def _counters(url: str) -> dict[str, float]:
+    return dict(read_counters(_get(url + "/metrics")))
+
+
+def _stream(url: str, prompt: list[int]) -> tuple[float, dict[str, Any]]:
+    """One streamed completion: (seconds to the first token, the final usage)."""
+    model = json.loads(_get(url + "/v1/models"))["data"][0]["id"]
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    request = urllib.request.Request(
+        url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    first: float | None = None
+    usage: dict[str, Any] = {}
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=120) as response:
+        for raw in response:
+            line = raw.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            event = json.loads(line[len(b"data: ") :])
+            if event.get("choices") and first is None:
+                first = time.perf_counter() - start
+            usage = event.get("usage") or usage
+    assert first is not None, "no token streamed"
+    return first, usage
+
+
+def _chunks(directory: Path) -> list[Path]:
+    return sorted(directory.rglob("*.kvcache.safetensors.metadata"))
+
+
+def _wait_for_chunks(directory: Path, at_least: int, timeout_s: float = 60) -> list[Path]:
+    """The engine writes a chunk's files after the step that computed it: wait for them."""
+    deadline = time.monotonic() + timeout_s
+    while len(found := _chunks(directory)) < at_least and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
+def test_a_prefix_stored_by_host_a_is_a_hit_on_host_b(fleet: LabHosts, export_dir: Path) -> None:
+    a, b = _url(fleet, HOST_A), _url(fleet, HOST_B)
+    prefix = [3000 + i for i in range(PROMPT_TOKENS)]
+    other = [90000 + i for i in range(PROMPT_TOKENS)]  # the same length, never sent before
+    full_chunks = PROMPT_TOKENS // CHUNK_TOKENS - 1  # the last, partial one is not stored
+
+    before_a = _chunks(export_dir)
+    _stream(a, prefix)
+    stored = set(_wait_for_chunks(export_dir, len(before_a) + full_chunks)) - set(before_a)
+    assert len(stored) >= full_chunks, f"host A stored {len(stored)} chunks in the export"
+    # written by A's engine as the service user, and seen through B's own mount
+    assert {p.stat().st_uid for p in stored} == {SERVICE_UID}
+    seen_on_b = fleet.ssh(HOST_B, ["find", GDS_DIR, "-name", "*.metadata"], sudo=True).stdout
+    assert {p.name for p in stored} <= {Path(line).name for line in seen_on_b.split()}
+
+    # A cold miss of the same length on B, then the prefix A computed.
+    cold_ttft_s, cold_usage = _stream(b, other)
+    assert cold_usage["prompt_tokens_details"]["cached_tokens"] == 0, cold_usage
+    before_b = _counters(b)
+    hit_ttft_s, hit_usage = _stream(b, prefix)
+    got = counter_delta(before_b, _counters(b))
+
+    hit_tokens = full_chunks * CHUNK_TOKENS
+    assert got["external_hit_tokens"] >= hit_tokens, got  # loaded from the shared store
+    assert got["lmcache_hit_tokens"] >= hit_tokens, got
+    assert got["gpu_hit_tokens"] == 0, got  # B never computed this prefix
+    assert hit_usage["prompt_tokens_details"]["cached_tokens"] >= hit_tokens, hit_usage
+    # Loading ~8k tokens of KV from the store is modelled at about a tenth of computing them;
+    # half is the bar, so the lab's scheduling noise cannot make it pass or fail by itself.
+    assert hit_ttft_s < 0.5 * cold_ttft_s, (hit_ttft_s, cold_ttft_s)
+
+
+@pytest.fixture
+def local_baseline(tmp_path: Path) -> Iterator[str]:
+    """The ab-test's baseline arm: the same engine profile without offload, on this machine."""
+    port = free_port()
+    log = (tmp_path / "baseline.log").open("wb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvops", "sim", "serve", MODEL, "--host", "127.0.0.1",
+         "--port", str(port), *ENGINE_ARGS],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )  # fmt: skip
+    log.close()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "baseline.log").read_text()[-2000:]
+            try:
+                _get(url + "/health")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the local baseline engine did not start"
+                time.sleep(0.2)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_ab_test_prefix_handoff_measures_cross_instance_hits(
+    fleet: LabHosts, local_baseline: str, tmp_path: Path
+) -> None:
+    """Each prefix's first request goes to one host and its reuse to the other: the reuse is a
+    hit on the other host, counted by that host's own counters."""
+    a, b = _url(fleet, HOST_A), _url(fleet, HOST_B)
+    workload = tmp_path / "fleet.yaml"
+    workload.write_text(FLEET_WORKLOAD)
+    out = tmp_path / "ab-fleet"
+    kvops = str(Path(sys.executable).parent / "kvops")
+    proc = subprocess.run(
+        [kvops, "ab-test", "--arm", f"baseline={local_baseline}", "--arm", f"offload={a},{b}",
+         "--route", "prefix-handoff", "--workload", str(workload), "--trials", "2",
+         "--warmup-iterations", "0", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env=fleet.env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["options"]["route"] == "prefix-handoff"
+    arms = doc["scenarios"]["fleet"]["arms"]
+    assert arms["baseline"]["errors_total"] == 0 and arms["offload"]["errors_total"] == 0
+    offload = arms["offload"]
+    instances = offload["instances"]
+    assert [i["url"] for i in instances] == [a, b]
+    # 2 trials x 2 iterations x 4 requests, spread over both hosts
+    assert sum(i["requests"] for i in instances) == 16
+    assert all(i["requests"] > 0 and i["errors"] == 0 for i in instances), instances
+    assert offload["cross_instance_hit_share"] > 0.0, offload
+    assert any(i["cross_instance_hit_tokens"] > 0 for i in instances), instances
