@@ -186,8 +186,11 @@ class ArmDeployer:
 
 
 def deploy_arms(settings: DeploySettings, names: list[str], model: str | None) -> list[Arm]:
-    """Arms named after variants, all served by the one inventory host ``settings.limit`` at
-    its role's port (``vllm_lmcache_port``, default 8000)."""
+    """Arms named after variants, each served by every inventory host ``settings.limit``
+    selects, at its role's port (``vllm_lmcache_port``, default 8000): one host gives one
+    endpoint per arm; several (e.g. offload hosts sharing one GDS directory on the export) give
+    each arm all of them, switched together by one deploy.yml run per arm and served as a fleet
+    arm (``--route``)."""
     from kvops.remote.inventory import InventoryError, load_inventory
 
     for name in names:
@@ -198,18 +201,13 @@ def deploy_arms(settings: DeploySettings, names: list[str], model: str | None) -
         hosts = load_inventory(settings.inventories, limit=settings.limit)
     except InventoryError as exc:
         raise DeployError(str(exc)) from exc
-    if len(hosts) != 1:
-        found = ", ".join(h.name for h in hosts) or "none"
-        raise DeployError(
-            f"--limit must select exactly one host for --deploy (selects: {found}); --deploy "
-            "does not switch an arm of several hosts yet: deploy each host, then run with "
-            "--arm NAME=URL1,URL2"
-        )
-    host = hosts[0]
-    port = int(
-        settings.extra_vars.get("vllm_lmcache_port") or host.vars.get("vllm_lmcache_port") or 8000
-    )
-    return [Arm(name, f"http://{host.address}:{port}", model) for name in names]
+    if not hosts:
+        raise DeployError(f"--limit {settings.limit} selects no inventory host for --deploy")
+    urls = []
+    for host in hosts:
+        port = settings.extra_vars.get("vllm_lmcache_port") or host.vars.get("vllm_lmcache_port")
+        urls.append(f"http://{host.address}:{int(port or 8000)}")
+    return [Arm(name, urls[0], model, tuple(urls[1:])) for name in names]
 
 
 def deploy_record(settings: DeploySettings) -> dict[str, Any]:

@@ -86,8 +86,8 @@ FLEETS (--arm NAME=URL1,URL2,...): one arm served by several vLLM instances, e.g
   results.json gives each such arm `instances` (requests, TTFT, hit tokens per endpoint, from
   each instance's own counters) and `cross_instance_hit_share`: the share of the arm's
   offload hits loaded on an instance other than the one that computed the prefix first (the
-  field `kvops sim run --instances N` predicts). --deploy switches one host and takes no
-  fleet arm: deploy each host first, then run with --arm.
+  field `kvops sim run --instances N` predicts). With --deploy, a --limit that selects several
+  hosts makes every arm a fleet of them, all switched together by one deploy.yml run.
 """
 
 TRACE_HELP = """
@@ -301,8 +301,9 @@ def _trace_spec(path: Path, hash_block_tokens: int, scale: float, name: str | No
 @click.option(
     "--deploy",
     is_flag=True,
-    help="Before each segment, put the arm's variant on the --limit host with "
-    "playbooks/deploy.yml (GDS directory cleared); arms are named after variants.",
+    help="Before each segment, put the arm's variant on the --limit host(s) with "
+    "playbooks/deploy.yml (GDS directory cleared); arms are named after variants; several "
+    "hosts make each arm a fleet of them (see FLEETS).",
 )
 @click.option(
     "-i",
@@ -311,7 +312,11 @@ def _trace_spec(path: Path, hash_block_tokens: int, scale: float, name: str | No
     multiple=True,
     help="Ansible inventory for --deploy [default: Ansible's own: ANSIBLE_INVENTORY, ansible.cfg].",
 )
-@click.option("--limit", default=None, help="The one inventory host --deploy switches.")
+@click.option(
+    "--limit",
+    default=None,
+    help="The inventory host(s) --deploy switches (an Ansible limit pattern).",
+)
 @click.option(
     "--deploy-variants",
     default="baseline,offload",
@@ -629,11 +634,6 @@ def _request(a: CliArgs) -> AbTestRequest:
     deploy = _deploy_settings(a)
     arms = [parse_arm(text) for text in a.arms]
     if deploy is not None:
-        if any(arm.more_urls for arm in arms):
-            raise ValueError(
-                "--deploy switches one host (--limit) and cannot switch an arm of several "
-                "endpoints together yet: deploy each host, then run with --arm NAME=URL1,URL2"
-            )
         if arms:
             raise ValueError("--deploy names its arms by --deploy-variants, not --arm")
         arms = deploy_arms(deploy, a.deploy_variants.split(","), a.model)
@@ -719,7 +719,7 @@ def _deploy_settings(a: CliArgs) -> DeploySettings | None:
             raise ValueError("-i/--limit/--deploy-var belong to --deploy")
         return None
     if not a.limit:
-        raise ValueError("--deploy needs the host (--limit HOST)")
+        raise ValueError("--deploy needs the host(s) (--limit HOST[,HOST...])")
     # inside a kvops checkout: its playbooks/deploy.yml; elsewhere the installed kvops.gds
     # collection with the user's own Ansible configuration (kvops.abtest.deploy)
     root = find_project_root()

@@ -216,6 +216,7 @@ def test_validate_reads_the_servers_health_metrics_and_log(
     vLLM's. (The GDS stack's checks are not asserted: this host has had no site.yml.)"""
     server_vars = tmp_path / "mp-validate-vars.yml"
     settings = {
+        "kvops_role": "offload",
         "kvops_lmcache_server_service": "lmcache.service",
         "kvops_lmcache_server_url": "http://127.0.0.1:8080",
     }

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from deploy_lab import DEPLOY_VARS, GDS_DIR, SERVICE_UID, run_deploy, served_wheelhouse
 from lab_harness import LabHosts
-from site_lab import explain, run_site
+from site_lab import SITE_VARS, explain, run_site
 
 from kvops.abtest.embedded import free_port
 from kvops.abtest.engine_counters import counter_delta, read_counters
@@ -86,9 +86,17 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fleet(
-    fleet_lab: LabHosts, export_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LabHosts]:
+def wheel_vars(
+    fleet_lab: LabHosts, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """The kvops wheel served on the lab bridge for the role's pip task, for the whole module
+    (`ab-test --deploy` deploys again)."""
+    with served_wheelhouse(fleet_lab, tmp_path_factory.mktemp("wheelhouse")) as extra:
+        yield extra
+
+
+@pytest.fixture(scope="module")
+def fleet(fleet_lab: LabHosts, export_dir: Path, wheel_vars: dict[str, Any]) -> Iterator[LabHosts]:
     """Both hosts converged (site.yml) with the shared directory mounted at the GDS directory,
     then deployed as offload hosts (deploy.yml): each engine starts on the shared store."""
     lab = fleet_lab
@@ -107,9 +115,8 @@ def fleet(
     assert site.returncode == 0, explain(site)
     for name in lab.names:
         lab.bind_mount(name, export_dir, GDS_DIR)
-    with served_wheelhouse(lab, tmp_path_factory.mktemp("wheelhouse")) as wheel_vars:
-        proc = run_deploy(lab, wheel_vars, extra_vars={"vllm_lmcache_extra_args": ENGINE_ARGS})
-        assert proc.returncode == 0, explain(proc)
+    proc = run_deploy(lab, wheel_vars, extra_vars={"vllm_lmcache_extra_args": ENGINE_ARGS})
+    assert proc.returncode == 0, explain(proc)
     yield lab
 
 
@@ -263,3 +270,40 @@ def test_ab_test_prefix_handoff_measures_cross_instance_hits(
     assert all(i["requests"] > 0 and i["errors"] == 0 for i in instances), instances
     assert offload["cross_instance_hit_share"] > 0.0, offload
     assert any(i["cross_instance_hit_tokens"] > 0 for i in instances), instances
+
+
+def test_ab_test_deploy_switches_every_host_of_an_arm_together(
+    fleet: LabHosts, wheel_vars: dict[str, Any], tmp_path: Path
+) -> None:
+    """`--deploy --limit A,B`: each arm is the fleet of both hosts, and every deploy puts its
+    variant on both at once (one deploy.yml run; the deploys' records name both hosts). Last in
+    the module: it leaves the hosts on whichever variant was deployed last."""
+    workload = tmp_path / "fleet.yaml"
+    workload.write_text(FLEET_WORKLOAD)
+    out = tmp_path / "ab-deploy-fleet"
+    argv = [str(Path(sys.executable).parent / "kvops"), "ab-test", "--deploy",
+            "--limit", f"{HOST_A},{HOST_B}"]  # fmt: skip
+    for source in (fleet.inventory_path, SITE_VARS, DEPLOY_VARS):
+        argv += ["-i", str(source)]
+    for key, value in {**wheel_vars, "vllm_lmcache_extra_args": ENGINE_ARGS}.items():
+        argv += ["--deploy-var", f"{key}={json.dumps(value)}"]
+    argv += ["--workload", str(workload), "--trials", "2", "--warmup-iterations", "0",
+             "--route", "prefix-handoff", "--out", str(out), "--json"]  # fmt: skip
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, env=fleet.env(), timeout=1200, cwd=fleet.repo_root
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    deploys = [json.loads(line) for line in (out / "deploys.jsonl").read_text().splitlines()]
+    assert deploys and all(d["status"] == "successful" for d in deploys), deploys
+    for record in deploys:  # both hosts, on the arm's variant, in one run
+        assert sorted(record["deployed"]) == [HOST_A, HOST_B], record
+        variants = {h["variant"] for h in record["deployed"].values()}
+        assert variants == {record["variant"]}, record
+    assert {d["variant"] for d in deploys} == {"baseline", "offload"}
+    arms = json.loads((out / "results.json").read_text())["scenarios"]["fleet"]["arms"]
+    urls = [_url(fleet, HOST_A), _url(fleet, HOST_B)]
+    for name in ("baseline", "offload"):
+        assert arms[name]["errors_total"] == 0, arms[name]
+        assert [i["url"] for i in arms[name]["instances"]] == urls, arms[name]["instances"]
+    # reuse handed to the other host hits only where LMCache shares the store
+    assert arms["offload"]["cross_instance_hit_share"] > 0.0, arms["offload"]

@@ -91,7 +91,7 @@ def test_arms_must_be_named_after_variants() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--deploy"], "--deploy needs the host (--limit HOST)"),
+        (["--deploy"], "--deploy needs the host(s) (--limit HOST[,HOST...])"),
         (["--limit", "gpu1"], "-i/--limit/--deploy-var belong to --deploy"),
         (
             [

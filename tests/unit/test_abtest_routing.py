@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import itertools
 import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from kvops.abtest.arms import Arm, parse_arm
+from kvops.abtest.deploy import DeployError, DeploySettings, deploy_arms
 from kvops.abtest.routing import ROUTES, route_requests
 from kvops.cli import main
 
@@ -76,10 +78,33 @@ def test_the_cli_teaches_fleets_and_refuses_a_route_with_nothing_to_spread() -> 
     assert empty.exit_code == 2 and "URL 2 of 2 is empty" in empty.output
 
 
-def test_deploy_refuses_an_arm_of_several_endpoints_in_one_line() -> None:
+def test_deploy_takes_no_arm_of_its_own() -> None:
     result = CliRunner().invoke(
         main, ["ab-test", "--deploy", "--limit", "g", "--arm", "b=http://h:1",
                "--arm", "o=http://h:2,http://h:3"],
     )  # fmt: skip
     assert result.exit_code == 2
-    assert "cannot switch an arm of several endpoints together yet" in result.output
+    assert "--deploy names its arms by --deploy-variants, not --arm" in result.output
+
+
+def test_deploy_over_several_hosts_makes_each_arm_a_fleet_of_them(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  children:\n    gpu_hosts:\n      hosts:\n"
+        "        gpu1: {ansible_host: 10.0.0.1}\n"
+        "        gpu2: {ansible_host: 10.0.0.2, vllm_lmcache_port: 8100}\n"
+        "        gpu3: {ansible_host: 10.0.0.3}\n"
+    )
+    settings = DeploySettings(None, [str(inventory)], "gpu1,gpu2")
+    arms = deploy_arms(settings, ["baseline", "offload"], "m")
+    assert [a.name for a in arms] == ["baseline", "offload"]
+    for arm in arms:
+        assert arm.urls == ("http://10.0.0.1:8000", "http://10.0.0.2:8100")
+    [one, _] = deploy_arms(
+        DeploySettings(None, [str(inventory)], "gpu3"), ["baseline", "offload"], None
+    )
+    assert one.urls == ("http://10.0.0.3:8000",)  # one host: one endpoint, as before
+    with pytest.raises(DeployError, match="no hosts matched"):
+        deploy_arms(
+            DeploySettings(None, [str(inventory)], "nothere*"), ["baseline", "offload"], None
+        )
