@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,15 +108,55 @@ class CompletionRequest:
         return self._body
 
 
+class _WriteStamp:
+    """The `trace_request_ctx` of one request: the instant its body went to the socket."""
+
+    __slots__ = ("perf_s",)
+
+    def __init__(self) -> None:
+        self.perf_s: float | None = None
+
+
+async def _on_body_write(
+    _session: aiohttp.ClientSession,
+    ctx: types.SimpleNamespace,
+    _params: aiohttp.TraceRequestChunkSentParams,
+) -> None:
+    """Stamps the request's send at its first body write. aiohttp awaits this hook inside
+    `StreamWriter.write`, with no await of its own before `transport.write` of the headers and
+    body coalesced (aiohttp/http_writer.py), so the stamp is the instant the request is
+    written. Before it lie the client's own steps that are not the server's time: building
+    the request, taking a connection from the pool (or opening one), and, on Python < 3.12,
+    one whole event-loop turn: aiohttp writes the body from a task that only starts eagerly
+    on 3.12+ (`eager_start`, ClientRequest.send), so under load the body waits behind every
+    other ready callback."""
+    stamp = ctx.trace_request_ctx
+    if isinstance(stamp, _WriteStamp) and stamp.perf_s is None:
+        stamp.perf_s = time.perf_counter()
+
+
 def make_session(max_connections: int = 0) -> aiohttp.ClientSession:
     """A session whose connection pool never queues requests (limit 0 = unlimited), so the
-    client adds no hidden concurrency cap; `max_connections` > 0 sets one deliberately."""
+    client adds no hidden concurrency cap; `max_connections` > 0 sets one deliberately (size
+    it to the concurrency, never below: a request waiting for a connection is client time).
+    Connections are kept alive between requests (aiohttp's default), so a closed loop reuses
+    one connection per stream and opens none on the send path. Its trace hook stamps each
+    request at the moment it is written (`send_request`)."""
     connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=300)
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None),
         headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        trace_configs=[send_stamp_trace()],
     )
+
+
+def send_stamp_trace() -> aiohttp.TraceConfig:
+    """The trace hook that stamps each request's send at its write (`send_request`); give it to
+    a session of your own (`aiohttp.ClientSession(trace_configs=[...])`) for the same TTFT."""
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(_on_body_write)
+    return trace
 
 
 async def send_request(
@@ -132,7 +173,14 @@ async def send_request(
     `timeout_s` bounds the whole request; `stall_timeout_s` bounds any silence between reads.
     `record` may carry labels (arm, trial, batch, ...) to be filled in; a fresh one is made
     otherwise. Timestamps are `time.perf_counter()` (CLOCK_MONOTONIC: comparable across
-    processes on Linux)."""
+    processes on Linux).
+
+    TTFT counts, as in `vllm bench serve`, from the request's send to its first token; the
+    send is stamped the moment aiohttp writes the request to the socket (sessions from
+    `make_session`; `_on_body_write`), so the client's own work before it — request set-up,
+    a connection from the pool, its event loop's other callbacks — is dispatch lag (the
+    client's), not TTFT (the server's). With a session without that hook, or a request that
+    never got written, the send is the instant before the POST, as in vLLM's bench."""
     rec = record if record is not None else RequestRecord(request_id=request.request_id)
     rec.url = endpoint.url
     rec.prefix_id = request.prefix_id
@@ -143,14 +191,16 @@ async def send_request(
     parser = SseParser()
     usage: dict[str, Any] | None = None
     token_events = 0
-    rec.send_time_unix_s = time.time()
-    st = time.perf_counter()
-    rec.send_perf_s = st
-    if rec.scheduled_perf_s is not None:
-        rec.dispatch_lag_ms = max(0.0, (st - rec.scheduled_perf_s) * 1000.0)
+    written = _WriteStamp()
+    unix_s = time.time()
+    before_s = time.perf_counter()
+    _mark_send(rec, before_s, before_s, unix_s)
     offsets = rec.chunk_offsets_ms
     try:
-        async with session.post(endpoint.url, data=body, timeout=timeout) as resp:
+        async with session.post(
+            endpoint.url, data=body, timeout=timeout, trace_request_ctx=written
+        ) as resp:
+            st = _mark_send(rec, before_s, written.perf_s, unix_s)
             rec.http_status = resp.status
             if resp.status != 200:
                 text = (await read_text(resp, 4096, truncate=True))[:300]
@@ -183,12 +233,27 @@ async def send_request(
         rec.error = f"{type(exc).__name__}: {exc}".strip()
     except asyncio.CancelledError:
         rec.error = "cancelled (run interrupted)"
+        _mark_send(rec, before_s, written.perf_s, unix_s)
         rec.end_perf_s = time.perf_counter()
         _fill_usage(rec, usage, token_events)
         raise
+    _mark_send(rec, before_s, written.perf_s, unix_s)
     rec.end_perf_s = time.perf_counter()
     _fill_usage(rec, usage, token_events)
     return rec
+
+
+def _mark_send(
+    rec: RequestRecord, before_s: float, written_s: float | None, unix_s: float
+) -> float:
+    """Sets the record's send instant (the write's, else the one before the POST), its wall-
+    clock twin and the dispatch lag from the scheduled release to it; returns the instant."""
+    st = before_s if written_s is None else written_s
+    rec.send_perf_s = st
+    rec.send_time_unix_s = unix_s + (st - before_s)
+    if rec.scheduled_perf_s is not None:
+        rec.dispatch_lag_ms = max(0.0, (st - rec.scheduled_perf_s) * 1000.0)
+    return st
 
 
 def _fill_usage(rec: RequestRecord, usage: dict[str, Any] | None, token_events: int) -> None:
