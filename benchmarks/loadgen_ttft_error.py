@@ -74,8 +74,10 @@ VOCAB = 1_000_000  # the double rejects ids past it; measured prompts end in a u
 BODY_VOCAB = 32_000  # the other 639 ids: a llama-sized vocabulary, so the body has its size
 MARK_BASE = 100_000  # measured prompts end in an id >= this: it pairs record and log line
 SEED = 20261205
-ROUNDS = 3  # requests per stream: short points (a few seconds each)
+ROUNDS = 5  # requests per stream: short points (a few seconds each)
 _marks = itertools.count(MARK_BASE)
+# (prompt key, send, first chunk, end): a client's perf_counter stamps of one request
+Stamp = tuple[object, float, float, float]
 
 
 def _prompts(n: int, rng: np.random.Generator) -> list[list[int]]:
@@ -93,14 +95,26 @@ def _wire(prompts: list[list[int]], endpoint: Endpoint, tag: str) -> list[WireRe
     return out
 
 
+def release_offsets(n: int, rng: np.random.Generator) -> list[float]:
+    """When each request may go (s after the start), at most `streams` in flight: the schedule
+    of inference-perf's `concurrent` load type, so both clients put the same load on the
+    double — all requests due within 1 s (its main.py: duration 1, rate = num_requests) at
+    exponential intervals scaled to sum to 1 s (load_timer.ConstantLoadTimer). With 5 requests
+    per stream and ~0.2 s per request, more is due than the cap lets out: the cap, not the
+    schedule, sets the concurrency once the first ~0.2 s have passed."""
+    intervals = rng.exponential(1.0 / n, n)
+    return [float(t) for t in np.cumsum(intervals / intervals.sum())]
+
+
 async def _closed_loop(
     url: str, streams: int, workers: int, rng: np.random.Generator
 ) -> tuple[list[RequestRecord], ClientStats]:
-    """`streams` streams in closed loop (a concurrency cap, all released at once), after a
-    warm-up round that opens the connections."""
+    """`streams` streams in closed loop (a concurrency cap; requests due as `release_offsets`
+    says), after a warm-up round that opens the connections."""
     endpoint = Endpoint(url, "fixed-delay")
     warm = _wire(_prompts(streams, rng), endpoint, "w")
     planned = _wire(_prompts(streams * ROUNDS, rng), endpoint, "r")
+    offsets = release_offsets(len(planned), rng)
     records: list[RequestRecord] = []
     stats = ClientStats()
     if workers == 1:
@@ -111,14 +125,14 @@ async def _closed_loop(
             runner.stats = stats
             monitor = LoopLagMonitor(stats)
             monitor.start()
-            await runner.run_group(planned, Labels(), None, streams)
+            await runner.run_group(planned, Labels(), offsets, streams)
             await monitor.stop()
     else:
         pool = WorkerPool(workers, endpoint)
         try:
             await pool.start()
             await pool.run_group(warm, Labels(warmup=True), lambda r: None, None, streams)
-            await pool.run_group(planned, Labels(), records.append, None, streams, stats)
+            await pool.run_group(planned, Labels(), records.append, offsets, streams, stats)
         finally:
             pool.close()
     return records, stats
@@ -150,6 +164,7 @@ def _wait_log(log_dir: Path, keys: set[object], since: float) -> list[dict[str, 
 
 PEER_VENV = Path.home() / ".cache" / "kvops" / "bench-peer-venv"
 PEER_REQUIREMENTS = Path(__file__).with_name("requirements-peer.txt")
+_peer_runs = itertools.count(1)
 
 # A word-level tokenizer written locally (tokenizers' WordLevel model, saved through
 # transformers' PreTrainedTokenizerFast), so inference-perf's `random` generator — which draws
@@ -207,7 +222,9 @@ def peer_env() -> tuple[Path | None, str]:
     return exe, "installed now"
 
 
-def _peer_config(url: str, streams: int, workers: int, tokenizer: Path, out: Path) -> str:
+def _peer_config(
+    url: str, streams: int, workers: int, tokenizer: Path, out: Path, seed: int
+) -> str:
     """inference-perf's closed loop at `streams` (its `concurrent` load type), the same prompt
     and output lengths, over `workers` processes; per-request report with chunk times."""
     n = streams * ROUNDS
@@ -225,7 +242,7 @@ def _peer_config(url: str, streams: int, workers: int, tokenizer: Path, out: Pat
             "stages": [{"num_requests": n, "concurrency_level": streams}],
             "num_workers": workers,
             "worker_max_concurrency": math.ceil(streams / workers),
-            "base_seed": SEED,
+            "base_seed": seed,
         },
         "server": {"type": "vllm", "model_name": "fixed-delay", "base_url": url,
                    "ignore_eos": True},
@@ -240,10 +257,8 @@ def _peer_config(url: str, streams: int, workers: int, tokenizer: Path, out: Pat
     return json.dumps(cfg)  # YAML is a superset of JSON
 
 
-def run_peer(
-    exe: Path, url: str, streams: int, workers: int, tmp: Path
-) -> list[tuple[str, float, float]] | str:
-    """(prompt, send stamp, first-chunk stamp) per successful inference-perf request, or why
+def run_peer(exe: Path, url: str, streams: int, workers: int, tmp: Path) -> list[Stamp] | str:
+    """(prompt, send, first chunk, end) stamps per successful inference-perf request, or why
     there are none. Its stamps are `time.perf_counter()` too (its openai_client.py)."""
     tokenizer = tmp / "peer-tokenizer"
     if not tokenizer.exists():
@@ -251,9 +266,10 @@ def run_peer(
             [str(exe.parent / "python"), "-c", _TOKENIZER_SCRIPT, str(tokenizer), str(BODY_VOCAB)],
             check=True,
         )
-    out = tmp / f"peer-{streams}-{workers}"
-    cfg = tmp / f"peer-{streams}-{workers}.yml"
-    cfg.write_text(_peer_config(url, streams, workers, tokenizer, out))
+    run = next(_peer_runs)  # its own seed (so its own prompts: they pair with the log) and files
+    out = tmp / f"peer-{run}"
+    cfg = tmp / f"peer-{run}.yml"
+    cfg.write_text(_peer_config(url, streams, workers, tokenizer, out, SEED + run))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     done = subprocess.run(
         [str(exe), "--config_file", str(cfg)],
@@ -273,7 +289,9 @@ def run_peer(
         if entry.get("error") not in (None, "None") or not chunks:
             continue
         prompt = json.loads(entry["request"])["prompt"]
-        rows.append((prompt, float(entry["start_time"]), float(chunks[0])))
+        rows.append(
+            (prompt, float(entry["start_time"]), float(chunks[0]), float(entry["end_time"]))
+        )
     return rows
 
 
@@ -282,11 +300,17 @@ class Sides:
     """Means over the requests paired with the double's log, in ms."""
 
     n: int
+    peak: int  # the most requests in flight at once (send to end)
     send_ms: float
     send_p99_ms: float
     receive_ms: float
     server_ms: float  # first write - arrival: the double's 50 ms plus its own lateness
     ttft_ms: float
+    # the client's stamps and the double's are on one clock: no request arrived before it
+    # was sent or was seen before it was written (1 ms of slack for the stamps' own order).
+    # inference-perf's worker processes report stamps on another base: its TTFT (both stamps
+    # from one process) and so its end-to-end error hold, its two sides do not.
+    one_clock: bool
 
     @property
     def e2e_ms(self) -> float:
@@ -299,13 +323,16 @@ def _key(prompt: object) -> object:
     return prompt[-1] if isinstance(prompt, list) else prompt
 
 
-def sides(
-    stamps: list[tuple[object, float, float]], entries: list[dict[str, object]]
-) -> Sides | None:
-    """Pairs (prompt key, client send stamp, client first-chunk stamp) with the double's log."""
+def _peak(stamps: list[Stamp]) -> int:
+    edges = sorted([(s[1], 1) for s in stamps] + [(s[3], -1) for s in stamps])
+    return max(itertools.accumulate(step for _, step in edges), default=0)
+
+
+def sides(stamps: list[Stamp], entries: list[dict[str, object]]) -> Sides | None:
+    """Pairs (prompt key, client send, first chunk, end) stamps with the double's log."""
     log = {_key(e["prompt"]): e for e in entries}
     send, recv, server, ttft = [], [], [], []
-    for key, sent, first_seen in stamps:
+    for key, sent, first_seen, _end in stamps:
         e = log.get(key)
         if e is None:
             continue
@@ -317,22 +344,26 @@ def sides(
         ttft.append((first_seen - sent) * 1e3)
     if not ttft:
         return None
+    one_clock = min(send) > -1.0 and min(recv) > -1.0
     return Sides(
         n=len(ttft),
+        peak=_peak(stamps),
         send_ms=statistics.mean(send),
         send_p99_ms=float(np.percentile(send, 99)),
         receive_ms=statistics.mean(recv),
         server_ms=statistics.mean(server),
         ttft_ms=statistics.mean(ttft),
+        one_clock=one_clock,
     )
 
 
-def kvops_stamps(records: list[RequestRecord]) -> list[tuple[object, float, float]]:
+def kvops_stamps(records: list[RequestRecord]) -> list[Stamp]:
     return [
         (
             int(r.request_id.rpartition("/")[2][1:]),
             r.send_perf_s,
             r.send_perf_s + r.chunk_offsets_ms[0] / 1e3,
+            r.end_perf_s,
         )
         for r in records
         if r.ok and r.chunk_offsets_ms
@@ -340,7 +371,7 @@ def kvops_stamps(records: list[RequestRecord]) -> list[tuple[object, float, floa
 
 
 HEADER = (
-    f"{'configuration':<19} {'client':<14} {'paired':>6} | {'send':>6} {'p99':>6} "
+    f"{'configuration':<19} {'client':<14} {'paired':>6} {'peak':>5} | {'send':>6} {'p99':>6} "
     f"{'receive':>7} {'e2e err':>7} | {'server':>6} {'loop lag':>8} {'bound':>5} {'load':>5}"
 )
 
@@ -348,13 +379,54 @@ HEADER = (
 def _line(label: str, client: str, s: Sides | None, judged: dict[str, object] | None) -> str:
     if s is None:
         return f"{label:<19} {client:<14} {'none':>6} |"
-    lag = f"{float(judged['loop_lag_mean_ms']):5.2f} ms" if judged else f"{'-':>8}"  # type: ignore[arg-type]
+    lag_ms = float(judged["loop_lag_mean_ms"]) if judged else None  # type: ignore[arg-type]
+    lag = f"{lag_ms:5.2f} ms" if lag_ms is not None else f"{'-':>8}"
     bound = ("YES" if judged["bottleneck"] else "no") if judged else "-"
+    if s.one_clock:
+        both = f"{s.send_ms:+6.2f} {s.send_p99_ms:+6.2f} {s.receive_ms:+7.2f}"
+    else:
+        both = f"{'n/a':>6} {'':>6} {'n/a':>7}"
     return (
-        f"{label:<19} {client:<14} {s.n:>6} | {s.send_ms:+6.2f} {s.send_p99_ms:+6.2f} "
-        f"{s.receive_ms:+7.2f} {s.e2e_ms:+7.2f} | {s.server_ms - FIRST_MS:+6.2f} {lag} "
-        f"{bound:>5} {os.getloadavg()[0]:5.1f}"
+        f"{label:<19} {client:<14} {s.n:>6} {s.peak:>5} | {both} {s.e2e_ms:+7.2f} | "
+        f"{s.server_ms - FIRST_MS:+6.2f} {lag} {bound:>5} {os.getloadavg()[0]:5.1f}"
     )
+
+
+def _configuration(
+    url: str,
+    log_dir: Path,
+    tmp: Path,
+    streams: int,
+    workers: int,
+    peer: Path | None,
+    pairs: int,
+    rng: np.random.Generator,
+) -> tuple[Sides | None, Sides | None, dict[str, object], str | None]:
+    """One configuration, each client run `pairs` x 2 times in ABBA order (kvops, peer, peer,
+    kvops, ...) and their requests pooled: the machine's load drifts during a run, and the
+    order spreads the drift over both clients alike."""
+    since = time.monotonic()
+    ours: list[Stamp] = []
+    theirs: list[Stamp] = []
+    stats = ClientStats()
+    problem: str | None = None
+    order = ["kvops", "peer", "peer", "kvops"] * pairs
+    for who in order if peer is not None else ["kvops"] * (2 * pairs):
+        if who == "kvops":
+            recs, one = asyncio.run(_closed_loop(url, streams, workers, rng))
+            ours += kvops_stamps(recs)
+            stats.merge(one)
+            stats.workers = one.workers
+        elif peer is not None and problem is None:
+            got = run_peer(peer, url, streams, workers, tmp)
+            if isinstance(got, str):
+                problem = got
+            else:
+                theirs += got
+    entries = _wait_log(log_dir, {st[0] for st in ours + theirs}, since)
+    mine = sides(ours, entries)
+    judged = judge_client(stats.summary(), mine.ttft_ms if mine else None, None)
+    return mine, sides(theirs, entries), judged, problem
 
 
 def main() -> None:
@@ -366,6 +438,7 @@ def main() -> None:
     ap.add_argument("--server-processes", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     ap.add_argument("--no-peer", action="store_true", help="do not run inference-perf")
     ap.add_argument("--levels", default="", help="comma-separated stream counts (override)")
+    ap.add_argument("--pairs", type=int, default=1, help="ABBA pairs of runs per client")
     args = ap.parse_args()
     levels = (64, 256) if args.quick else (64, 256, 1024)
     if args.levels:
@@ -396,24 +469,13 @@ def main() -> None:
             for streams in levels:
                 for workers in (1, args.workers):
                     label = f"{streams} streams, {workers} proc"
-                    since = time.monotonic()
-                    recs, stats = asyncio.run(_closed_loop(url, streams, workers, rng))
-                    stamps = kvops_stamps(recs)
-                    entries = _wait_log(log_dir, {k for k, _, _ in stamps}, since)
-                    ours = sides(stamps, entries)
-                    mean_ttft = ours.ttft_ms if ours else None
-                    judged = judge_client(stats.summary(), mean_ttft, None)
+                    row = _configuration(url, log_dir, tmp, streams, workers, peer, args.pairs, rng)
+                    ours, theirs, judged, problem = row
                     print(_line(label, "kvops", ours, judged), flush=True)
-                    theirs: Sides | None = None
                     if peer is not None:
-                        since = time.monotonic()
-                        got = run_peer(peer, url, streams, workers, tmp)
-                        if isinstance(got, str):
-                            print(f"{'':<19} inference-perf: {got}", flush=True)
-                        else:
-                            keys = {k for k, _, _ in got}
-                            theirs = sides(got, _wait_log(log_dir, keys, since))  # type: ignore[arg-type]
-                            print(_line("", "inference-perf", theirs, None), flush=True)
+                        print(_line("", "inference-perf", theirs, None), flush=True)
+                    if problem:
+                        print(f"{'':<19} inference-perf: {problem}", flush=True)
                     table[(streams, workers)] = (ours, theirs, judged)
     print("\nkvops' end-to-end TTFT error against inference-perf's, same double, same run:")
     for (streams, workers), (ours, theirs, judged) in table.items():

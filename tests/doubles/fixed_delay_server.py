@@ -14,10 +14,11 @@ them (tests/integration/test_abtest_faults.py counts the resets before each segm
 With --no-metrics the server has no /metrics (404), like an engine with metrics turned off.
 
 With --timing-log, each process appends one JSON line per streamed request to DIR/<pid>.jsonl:
-the prompt, the CLOCK_MONOTONIC instant the request arrived (its handler started) and those at
-which each chunk was written. That is the truth
-a client's timing is judged against: on a busy 2-core host the double's sleeps fire late, and
-a client that reports the lateness is right, not wrong.
+the prompt (a token-id prompt by its last id), the CLOCK_MONOTONIC instant the request had
+arrived (its last byte read) and those at which each chunk was written. That is the truth a
+client's timing is judged against: on a busy 2-core host the double's sleeps fire late, and a
+client that reports the lateness is right, not wrong; arrival - the client's send stamp is the
+request's way in (benchmarks/loadgen_ttft_error.py).
 It is a test double, named as such; production code never imports it.
 """
 
@@ -110,9 +111,12 @@ class FixedDelay:
         await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         if self.args.timing_log:
+            # a token-id prompt is logged by its last id only (what read_timing_log pairs on):
+            # encoding 640 ids per request would be the double's own CPU, charged to its
+            # lateness under load, and more than a text prompt's one string costs
             line = json.dumps(
                 {
-                    "prompt": prompt,
+                    "prompt": prompt[-1:] if isinstance(prompt, list) else prompt,
                     "arrived_monotonic_s": arrived_s,
                     "chunk_written_monotonic_s": written_s,
                 }
