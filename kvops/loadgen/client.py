@@ -187,7 +187,7 @@ async def send_request(
     rec.intended_prompt_tokens = request.intended_prompt_tokens
     rec.intended_output_tokens = request.output_tokens
     body = request.body(endpoint)
-    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=stall_timeout_s)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     parser = SseParser()
     usage: dict[str, Any] | None = None
     token_events = 0
@@ -196,6 +196,7 @@ async def send_request(
     before_s = time.perf_counter()
     _mark_send(rec, before_s, before_s, unix_s)
     offsets = rec.chunk_offsets_ms
+    watch = _StallWatch(stall_timeout_s) if stall_timeout_s else None
     try:
         async with session.post(
             endpoint.url, data=body, timeout=timeout, trace_request_ctx=written
@@ -208,6 +209,8 @@ async def send_request(
             else:
                 async for data in resp.content.iter_any():
                     now = time.perf_counter()
+                    if watch is not None:
+                        watch.last_s = now
                     events = parser.feed(data)
                     for _ in range(events.token_events):
                         offsets.append(round((now - st) * 1000.0, 4))
@@ -232,15 +235,58 @@ async def send_request(
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}".strip()
     except asyncio.CancelledError:
-        rec.error = "cancelled (run interrupted)"
-        _mark_send(rec, before_s, written.perf_s, unix_s)
-        rec.end_perf_s = time.perf_counter()
-        _fill_usage(rec, usage, token_events)
-        raise
+        if watch is None or not watch.ours():
+            rec.error = "cancelled (run interrupted)"
+            _mark_send(rec, before_s, written.perf_s, unix_s)
+            rec.end_perf_s = time.perf_counter()
+            _fill_usage(rec, usage, token_events)
+            raise
+        rec.error = f"timeout: no data for {stall_timeout_s:g} s (stream stalled)"
+    finally:
+        if watch is not None:
+            watch.stop()
     _mark_send(rec, before_s, written.perf_s, unix_s)
     rec.end_perf_s = time.perf_counter()
     _fill_usage(rec, usage, token_events)
     return rec
+
+
+class _StallWatch:
+    """Ends a request silent for `limit_s` (no response, or no data between reads) by
+    cancelling its task, checking only when the limit could have passed.
+
+    Why not aiohttp's `ClientTimeout(sock_read=...)`: that re-arms a loop timer on every
+    network read (ResponseHandler._reschedule_timeout, aiohttp/client_proto.py), a cancelled
+    and a new TimerHandle per chunk: at 20,000 chunks/s, a tenth of the client's CPU, which
+    its event loop then lacks to stamp chunks on time. Here a read only records its instant;
+    the one timer re-arms itself for the rest of the limit when it fires early."""
+
+    __slots__ = ("_fired", "_handle", "_limit_s", "_loop", "_task", "last_s")
+
+    def __init__(self, limit_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._limit_s = limit_s
+        self._fired = False
+        self.last_s = time.perf_counter()
+        self._handle = self._loop.call_later(limit_s, self._check)
+
+    def _check(self) -> None:
+        idle_s = time.perf_counter() - self.last_s
+        if idle_s < self._limit_s:
+            self._handle = self._loop.call_later(self._limit_s - idle_s, self._check)
+        elif self._task is not None:
+            self._fired = True
+            self._task.cancel()
+
+    def ours(self) -> bool:
+        """Whether the CancelledError being handled is this watch's alone; if so it is taken
+        back (`Task.uncancel`), so the task goes on to return its record. A cancel of the
+        caller's as well (Ctrl-C, the grace period's end) is left standing."""
+        return self._fired and self._task is not None and self._task.uncancel() == 0
+
+    def stop(self) -> None:
+        self._handle.cancel()
 
 
 def _mark_send(
