@@ -8,28 +8,34 @@ is whatever happens between the server writing a chunk and the client stamping i
 Against the fixed-delay double (tests/doubles/fixed_delay_server.py: first chunk 50 ms after
 the request's last byte arrived, then one every 10 ms; it logs the CLOCK_MONOTONIC instants of
 the arrival and of each write, the clock behind `time.perf_counter`, shared by every process on
-Linux, worker processes and peer included), closed loop (N streams, each sending its next
-request when its answer ended), 640-token token-id prompts, it prints per configuration:
-  - send side:    arrival - kvops' send stamp (`RequestRecord.send_perf_s`);
-  - receive side: kvops' first-chunk stamp - the double's first write;
-  - end to end:   measured TTFT - the server's own time (first write - arrival)
-                  = send side + receive side: the whole error the client adds to TTFT;
-  - the same end-to-end figure for inference-perf (https://github.com/kubernetes-sigs/
-    inference-perf), run against the same double right after kvops at the same concurrency:
-    its mean reported TTFT - the mean server time of the requests it sent (the double's log,
-    by arrival window), and kvops' end-to-end error as a ratio to it.
-at 64, 256 and 1,024 streams, with one process and with worker processes.
+Linux), with 640-token prompts and 16 output tokens, N streams in closed loop (a cap of N in
+flight; 5 requests per stream released on inference-perf's own `concurrent` schedule, so both
+clients put the same load on the double), it prints per configuration and client:
+  - send side:    arrival - the client's send stamp (kvops: `RequestRecord.send_perf_s`);
+  - receive side: the client's first-chunk stamp - the double's first write;
+  - end to end:   the client's TTFT - the server's own time (first write - arrival)
+                  = send side + receive side: the whole error the client adds to a TTFT;
+  - the peak number in flight, the double's own lateness, kvops' loop lag and whether kvops
+    calls itself client-bound (its ab-test judgement, the smallest-TTFT share included);
+at 64, 256 and 1,024 streams, with one process and with `--workers` processes (kvops' worker
+pool; inference-perf's `num_workers`), then kvops' end-to-end error as a ratio to inference-perf's
+(https://github.com/kubernetes-sigs/inference-perf) and the issue's done-when per configuration.
+Each client runs `--pairs` times in ABBA order per configuration, requests pooled.
 
-inference-perf needs Python >= 3.12 and lives in its own virtual environment, made on first
-use under ~/.cache/kvops/bench-peer-venv from benchmarks/requirements-peer.txt (PyPI only); it
-runs with its `random` data generator on token ids and the mock tokenizer path described in
-`_peer_config` (no tokenizer download). `--no-peer` skips it.
+The peer, inference-perf, needs Python >= 3.12 and gets its own virtual environment, made on
+first use under ~/.cache/kvops/bench-peer-venv from benchmarks/requirements-peer.txt (PyPI
+only). It sends text, not token ids (its completion prompts are strings): its `random`
+generator draws ids from a word-level tokenizer written locally (`_TOKENIZER_SCRIPT`, nothing
+downloaded), one word per token, so its prompts are 640 tokens on both sides too. Its stamps
+come from its per-request report (start_time, chunk_times: `time.perf_counter`); with worker
+processes they are on another base, so only its end-to-end error is shown. `--no-peer` skips it.
 
 Done when (issue "TTFT error end to end"): at 64 streams kvops' end-to-end error is within
 1 ms and no larger than inference-perf's; at 256 no larger, or kvops calls itself client-bound.
 Figures move with the machine's load: the ratios, measured in one run, are the claim.
 
-  python benchmarks/loadgen_ttft_error.py [--quick] [--workers N] [--no-peer]
+  python benchmarks/loadgen_ttft_error.py [--quick] [--levels 64,256] [--workers N]
+                                          [--pairs N] [--no-peer]
 """
 
 from __future__ import annotations
