@@ -277,14 +277,17 @@ def run_peer(exe: Path, url: str, streams: int, workers: int, tmp: Path) -> list
     cfg = tmp / f"peer-{run}.yml"
     cfg.write_text(_peer_config(url, streams, workers, tokenizer, out, SEED + run))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run(
-        [str(exe), "--config_file", str(cfg)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=600,
-    )
+    try:
+        done = subprocess.run(
+            [str(exe), "--config_file", str(cfg)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=600,
+        )
+    except subprocess.TimeoutExpired:
+        return "inference-perf ran past 600 s: stopped"
     report = out / "per_request_lifecycle_metrics.json"
     if done.returncode != 0 or not report.exists():
         return f"inference-perf exited {done.returncode}: {done.stderr.strip()[-300:]}"
