@@ -15,7 +15,9 @@ concurrent streams, with one and with several worker processes, it prints per co
     client for the server's lateness. The double logs when it wrote, not when the request
     arrived, so true - nominal for TTFT also holds the request's way in: kvops writing the POST
     after `send_perf_s` (late when its own loop is busy), loopback, handler start-up. The
-    client error is the receive side only: chunk written -> chunk timestamped by kvops;
+    client error is the receive side only: chunk written -> chunk timestamped by kvops (the
+    double now logs arrival too: benchmarks/loadgen_ttft_error.py prints the send side, from
+    kvops' send stamp, now taken at the write, to arrival, beside inference-perf's);
   - chunks/s ingested, the peak number of streams in flight, event-loop lag, and whether kvops
     calls the client the bottleneck;
   - firehose: the most chunks per second the client ingests when the server sends without pause.

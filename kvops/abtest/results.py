@@ -131,8 +131,19 @@ def client_summary(run_dir: RunDir, records: list[RequestRecord]) -> ClientHealt
             summary,
             float(np.mean(ttfts)) if ttfts else None,
             float(np.mean(e2els)) if e2els else None,
+            smallest_mean_ttft_ms(ok),
         )
     )
+
+
+def smallest_mean_ttft_ms(records: list[RequestRecord]) -> float | None:
+    """The smallest mean TTFT of a (scenario, arm) over `records`: the figure a fixed client
+    delay distorts the most (kvops.loadgen.runner.judge_client); None without any TTFT."""
+    by_arm: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in records:
+        if r.ttft_ms is not None:
+            by_arm[(r.scenario, r.arm)].append(r.ttft_ms)
+    return min((float(np.mean(v)) for v in by_arm.values()), default=None)
 
 
 # A simulated engine whose tokens left this late on average (share of the arm's mean TTFT)

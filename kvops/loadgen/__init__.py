@@ -16,6 +16,10 @@ Stable API (other commands rely on it; keep it backward compatible):
     rec.ttft_ms, rec.itls_ms, rec.e2el_ms   # vllm bench serve definitions (first/each/last chunk)
     rec.prompt_tokens, rec.output_tokens, rec.cached_tokens   # from `usage`; None = not reported
 
+The send (`rec.send_perf_s`, where TTFT starts) is the instant aiohttp writes the request, by a
+trace hook of `make_session`'s sessions (`kvops.loadgen.client.send_stamp_trace()` adds it to a
+session of your own; without it the send is the instant before the POST, as in vLLM's bench).
+
 Other pieces: `JsonlWriter` / `read_records` (one JSON line per request, flushed as it
 completes), `SseParser` (vLLM's SSE rules), and `kvops.loadgen.runner` (batches, Poisson
 arrivals, concurrency caps, trace sessions in closed loop, dispatch-lag and in-flight

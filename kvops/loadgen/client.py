@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,15 +108,55 @@ class CompletionRequest:
         return self._body
 
 
+class _WriteStamp:
+    """The `trace_request_ctx` of one request: the instant its body went to the socket."""
+
+    __slots__ = ("perf_s",)
+
+    def __init__(self) -> None:
+        self.perf_s: float | None = None
+
+
+async def _on_body_write(
+    _session: aiohttp.ClientSession,
+    ctx: types.SimpleNamespace,
+    _params: aiohttp.TraceRequestChunkSentParams,
+) -> None:
+    """Stamps the request's send at its first body write. aiohttp awaits this hook inside
+    `StreamWriter.write`, with no await of its own before `transport.write` of the headers and
+    body coalesced (aiohttp/http_writer.py), so the stamp is the instant the request is
+    written. Before it lie the client's own steps that are not the server's time: building
+    the request, taking a connection from the pool (or opening one), and, on Python < 3.12,
+    one whole event-loop turn: aiohttp writes the body from a task that only starts eagerly
+    on 3.12+ (`eager_start`, ClientRequest.send), so under load the body waits behind every
+    other ready callback."""
+    stamp = ctx.trace_request_ctx
+    if isinstance(stamp, _WriteStamp) and stamp.perf_s is None:
+        stamp.perf_s = time.perf_counter()
+
+
 def make_session(max_connections: int = 0) -> aiohttp.ClientSession:
     """A session whose connection pool never queues requests (limit 0 = unlimited), so the
-    client adds no hidden concurrency cap; `max_connections` > 0 sets one deliberately."""
+    client adds no hidden concurrency cap; `max_connections` > 0 sets one deliberately (size
+    it to the concurrency, never below: a request waiting for a connection is client time).
+    Connections are kept alive between requests (aiohttp's default), so a closed loop reuses
+    one connection per stream and opens none on the send path. Its trace hook stamps each
+    request at the moment it is written (`send_request`)."""
     connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=300)
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None),
         headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        trace_configs=[send_stamp_trace()],
     )
+
+
+def send_stamp_trace() -> aiohttp.TraceConfig:
+    """The trace hook that stamps each request's send at its write (`send_request`); give it to
+    a session of your own (`aiohttp.ClientSession(trace_configs=[...])`) for the same TTFT."""
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(_on_body_write)
+    return trace
 
 
 async def send_request(
@@ -132,25 +173,35 @@ async def send_request(
     `timeout_s` bounds the whole request; `stall_timeout_s` bounds any silence between reads.
     `record` may carry labels (arm, trial, batch, ...) to be filled in; a fresh one is made
     otherwise. Timestamps are `time.perf_counter()` (CLOCK_MONOTONIC: comparable across
-    processes on Linux)."""
+    processes on Linux).
+
+    TTFT counts, as in `vllm bench serve`, from the request's send to its first token; the
+    send is stamped the moment aiohttp writes the request to the socket (sessions from
+    `make_session`; `_on_body_write`), so the client's own work before it — request set-up,
+    a connection from the pool, its event loop's other callbacks — is dispatch lag (the
+    client's), not TTFT (the server's). With a session without that hook, or a request that
+    never got written, the send is the instant before the POST, as in vLLM's bench."""
     rec = record if record is not None else RequestRecord(request_id=request.request_id)
     rec.url = endpoint.url
     rec.prefix_id = request.prefix_id
     rec.intended_prompt_tokens = request.intended_prompt_tokens
     rec.intended_output_tokens = request.output_tokens
     body = request.body(endpoint)
-    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=stall_timeout_s)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     parser = SseParser()
     usage: dict[str, Any] | None = None
     token_events = 0
-    rec.send_time_unix_s = time.time()
-    st = time.perf_counter()
-    rec.send_perf_s = st
-    if rec.scheduled_perf_s is not None:
-        rec.dispatch_lag_ms = max(0.0, (st - rec.scheduled_perf_s) * 1000.0)
+    written = _WriteStamp()
+    unix_s = time.time()
+    before_s = time.perf_counter()
+    _mark_send(rec, before_s, before_s, unix_s)
     offsets = rec.chunk_offsets_ms
+    watch = _StallWatch(stall_timeout_s) if stall_timeout_s else None
     try:
-        async with session.post(endpoint.url, data=body, timeout=timeout) as resp:
+        async with session.post(
+            endpoint.url, data=body, timeout=timeout, trace_request_ctx=written
+        ) as resp:
+            st = _mark_send(rec, before_s, written.perf_s, unix_s)
             rec.http_status = resp.status
             if resp.status != 200:
                 text = (await read_text(resp, 4096, truncate=True))[:300]
@@ -158,6 +209,8 @@ async def send_request(
             else:
                 async for data in resp.content.iter_any():
                     now = time.perf_counter()
+                    if watch is not None:
+                        watch.last_s = now
                     events = parser.feed(data)
                     for _ in range(events.token_events):
                         offsets.append(round((now - st) * 1000.0, 4))
@@ -182,13 +235,71 @@ async def send_request(
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}".strip()
     except asyncio.CancelledError:
-        rec.error = "cancelled (run interrupted)"
-        rec.end_perf_s = time.perf_counter()
-        _fill_usage(rec, usage, token_events)
-        raise
+        if watch is None or not watch.ours():
+            rec.error = "cancelled (run interrupted)"
+            _mark_send(rec, before_s, written.perf_s, unix_s)
+            rec.end_perf_s = time.perf_counter()
+            _fill_usage(rec, usage, token_events)
+            raise
+        rec.error = f"timeout: no data for {stall_timeout_s:g} s (stream stalled)"
+    finally:
+        if watch is not None:
+            watch.stop()
+    _mark_send(rec, before_s, written.perf_s, unix_s)
     rec.end_perf_s = time.perf_counter()
     _fill_usage(rec, usage, token_events)
     return rec
+
+
+class _StallWatch:
+    """Ends a request silent for `limit_s` (no response, or no data between reads) by
+    cancelling its task, checking only when the limit could have passed.
+
+    Why not aiohttp's `ClientTimeout(sock_read=...)`: that re-arms a loop timer on every
+    network read (ResponseHandler._reschedule_timeout, aiohttp/client_proto.py), a cancelled
+    and a new TimerHandle per chunk: at 20,000 chunks/s, a tenth of the client's CPU, which
+    its event loop then lacks to stamp chunks on time. Here a read only records its instant;
+    the one timer re-arms itself for the rest of the limit when it fires early."""
+
+    __slots__ = ("_fired", "_handle", "_limit_s", "_loop", "_task", "last_s")
+
+    def __init__(self, limit_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._limit_s = limit_s
+        self._fired = False
+        self.last_s = time.perf_counter()
+        self._handle = self._loop.call_later(limit_s, self._check)
+
+    def _check(self) -> None:
+        idle_s = time.perf_counter() - self.last_s
+        if idle_s < self._limit_s:
+            self._handle = self._loop.call_later(self._limit_s - idle_s, self._check)
+        elif self._task is not None:
+            self._fired = True
+            self._task.cancel()
+
+    def ours(self) -> bool:
+        """Whether the CancelledError being handled is this watch's alone; if so it is taken
+        back (`Task.uncancel`), so the task goes on to return its record. A cancel of the
+        caller's as well (Ctrl-C, the grace period's end) is left standing."""
+        return self._fired and self._task is not None and self._task.uncancel() == 0
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
+def _mark_send(
+    rec: RequestRecord, before_s: float, written_s: float | None, unix_s: float
+) -> float:
+    """Sets the record's send instant (the write's, else the one before the POST), its wall-
+    clock twin and the dispatch lag from the scheduled release to it; returns the instant."""
+    st = before_s if written_s is None else written_s
+    rec.send_perf_s = st
+    rec.send_time_unix_s = unix_s + (st - before_s)
+    if rec.scheduled_perf_s is not None:
+        rec.dispatch_lag_ms = max(0.0, (st - rec.scheduled_perf_s) * 1000.0)
+    return st
 
 
 def _fill_usage(rec: RequestRecord, usage: dict[str, Any] | None, token_events: int) -> None:

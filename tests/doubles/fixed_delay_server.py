@@ -14,9 +14,11 @@ them (tests/integration/test_abtest_faults.py counts the resets before each segm
 With --no-metrics the server has no /metrics (404), like an engine with metrics turned off.
 
 With --timing-log, each process appends one JSON line per streamed request to DIR/<pid>.jsonl:
-the prompt and the CLOCK_MONOTONIC instants at which each chunk was written. That is the truth
-a client's timing is judged against: on a busy 2-core host the double's sleeps fire late, and
-a client that reports the lateness is right, not wrong.
+the prompt (a token-id prompt by its last id), the CLOCK_MONOTONIC instant the request had
+arrived (its last byte read) and those at which each chunk was written. That is the truth a
+client's timing is judged against: on a busy 2-core host the double's sleeps fire late, and a
+client that reports the lateness is right, not wrong; arrival - the client's send stamp is the
+request's way in (benchmarks/loadgen_ttft_error.py).
 It is a test double, named as such; production code never imports it.
 """
 
@@ -57,7 +59,12 @@ class FixedDelay:
                 log.write(json.dumps(event) + "\n")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        # the request's arrival: its last byte read (aiohttp starts the handler on the headers;
+        # a client that writes its body late is late, and a server cannot start before it)
+        raw = await request.read()
+        arrived_s = time.monotonic()
+        t0 = asyncio.get_running_loop().time()  # the first chunk is due 50 ms after this
+        body = json.loads(raw)
         self.requests += 1
         prompt = body.get("prompt")
         if prompt is None and "messages" in body:
@@ -79,7 +86,6 @@ class FixedDelay:
             return web.json_response({"error": {"message": "injected failure"}}, status=500)
         n = int(body.get("max_tokens") or 16)
         loop = asyncio.get_running_loop()
-        t0 = loop.time()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         written_s: list[float] = []
@@ -105,7 +111,16 @@ class FixedDelay:
         await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         if self.args.timing_log:
-            line = json.dumps({"prompt": prompt, "chunk_written_monotonic_s": written_s})
+            # a token-id prompt is logged by its last id only (what read_timing_log pairs on):
+            # encoding 640 ids per request would be the double's own CPU, charged to its
+            # lateness under load, and more than a text prompt's one string costs
+            line = json.dumps(
+                {
+                    "prompt": prompt[-1:] if isinstance(prompt, list) else prompt,
+                    "arrived_monotonic_s": arrived_s,
+                    "chunk_written_monotonic_s": written_s,
+                }
+            )
             with open(Path(self.args.timing_log) / f"{os.getpid()}.jsonl", "a") as log:
                 log.write(line + "\n")
         return resp
