@@ -229,6 +229,9 @@ class Experiment:
         for arm in order:
             await self.hooks.prepare_arm(arm)
             by_name[arm.name] = info = await fetch_arm_info(session, arm)
+            # an arm of several hosts: every instance read while this arm's deploy is in place
+            # (the next arm's deploy switches them all)
+            await self._read_more_instances(session, arm, info)
             if arm is order[0] and info.model:
                 await self._alphabet(session, info)
         self._fresh_arm = first_to_measure
@@ -238,11 +241,16 @@ class Experiment:
         """The infos of every arm's further instances (`--arm NAME=URL1,URL2`); an instance
         that does not answer stops the run before any request, as a one-URL arm does."""
         for arm, info in zip(self.arms, self.infos, strict=True):
-            more = [
-                await fetch_arm_info(session, Arm(arm.name, url, arm.model))
-                for url in arm.more_urls
-            ]
-            self.instance_infos[arm.name] = [info, *more]
+            if arm.name not in self.instance_infos:  # --deploy read them with its arm's deploy
+                await self._read_more_instances(session, arm, info)
+
+    async def _read_more_instances(
+        self, session: aiohttp.ClientSession, arm: Arm, info: ArmInfo
+    ) -> None:
+        more = [
+            await fetch_arm_info(session, Arm(arm.name, url, arm.model)) for url in arm.more_urls
+        ]
+        self.instance_infos[arm.name] = [info, *more]
 
     def _instances(self, arm: Arm) -> list[ArmInfo]:
         return self.instance_infos.get(arm.name) or [self._info(arm)]

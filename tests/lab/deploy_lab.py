@@ -68,3 +68,12 @@ def run_deploy(
         extra_vars={**wheel_vars, **(extra_vars or {})},
         **kwargs,
     )
+
+
+def make_service_account(lab: LabHosts, name: str) -> None:
+    """The service account with its fixed ids (SERVICE_UID), as production creates it before
+    site.yml where nfs_rdma_mount (which owns the GDS directory) does not take the ids from the
+    inventory."""
+    lab.ssh(name, ["groupadd", "-f", "-g", str(SERVICE_UID), "vllm"], sudo=True)
+    useradd = f"id vllm || useradd -r -u {SERVICE_UID} -g vllm -M -s /usr/sbin/nologin vllm"
+    lab.ssh(name, ["sh", "-c", useradd], sudo=True)

@@ -24,6 +24,7 @@ from deploy_lab import (
     GDS_DIR,
     SERVICE,
     SERVICE_UID,
+    make_service_account,
     run_deploy,
     served_wheelhouse,
 )
@@ -64,16 +65,7 @@ def deployed(deploy_lab: LabHosts, wheel_vars: dict[str, Any]) -> subprocess.Com
     # The service account with its fixed ids, as production creates it before site.yml where
     # nfs_rdma_mount (which owns the GDS directory) does not take the ids from the inventory.
     for name in deploy_lab.names:
-        deploy_lab.ssh(name, ["groupadd", "-f", "-g", str(SERVICE_UID), "vllm"], sudo=True)
-        deploy_lab.ssh(
-            name,
-            [
-                "sh",
-                "-c",
-                f"id vllm || useradd -r -u {SERVICE_UID} -g vllm -M -s /usr/sbin/nologin vllm",
-            ],
-            sudo=True,
-        )
+        make_service_account(deploy_lab, name)
     site = run_site(deploy_lab, "-i", str(DEPLOY_VARS))
     assert site.returncode == 0, explain(site)
     proc = run_deploy(deploy_lab, wheel_vars)

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_lab import GDS_DIR, SERVICE_UID, run_deploy, served_wheelhouse
+from deploy_lab import GDS_DIR, make_service_account, run_deploy, served_wheelhouse
 from lab_harness import LabHosts
 from site_lab import HERE, REPO_ROOT, SITE_VARS, explain, failure_messages, recap, run_role
 
@@ -146,16 +146,7 @@ def mp_deployed(
     # What site.yml (nfs_rdma_mount) leaves: the service account with its fixed ids and the
     # GDS directory it owns; and the server double where a virtualenv would have lmcache.
     lab = deploy_host
-    lab.ssh(DEPLOYED, ["groupadd", "-f", "-g", str(SERVICE_UID), "vllm"], sudo=True)
-    lab.ssh(
-        DEPLOYED,
-        [
-            "sh",
-            "-c",
-            f"id vllm || useradd -r -u {SERVICE_UID} -g vllm -M -s /usr/sbin/nologin vllm",
-        ],
-        sudo=True,
-    )
+    make_service_account(lab, DEPLOYED)
     lab.ssh(
         DEPLOYED, ["install", "-d", "-o", "vllm", "-g", "vllm", "-m", "0750", GDS_DIR], sudo=True
     )
