@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lab_harness import LabHosts
-from site_lab import SITE_VARS
+from site_lab import SITE_VARS, explain, run_site
 
 from kvops.lab.wheelhouse import build_wheelhouse, serve_directory
 
@@ -68,3 +68,33 @@ def run_deploy(
         extra_vars={**wheel_vars, **(extra_vars or {})},
         **kwargs,
     )
+
+
+def add_service_account(lab: LabHosts) -> None:
+    """The service account with its fixed ids on every host, as production creates it before
+    site.yml where nfs_rdma_mount (which owns the GDS directory) does not take the ids from the
+    inventory."""
+    for name in lab.names:
+        lab.ssh(name, ["groupadd", "-f", "-g", str(SERVICE_UID), "vllm"], sudo=True)
+        lab.ssh(
+            name,
+            [
+                "sh",
+                "-c",
+                f"id vllm || useradd -r -u {SERVICE_UID} -g vllm -M -s /usr/sbin/nologin vllm",
+            ],
+            sudo=True,
+        )
+
+
+def site_then_deploy(
+    lab: LabHosts, wheel_vars: Mapping[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    """A fresh deploy lab made ready as an operator would: the service account, site.yml (with
+    deploy_lab_vars.yml), then deploy.yml; asserts both plays succeeded."""
+    add_service_account(lab)
+    site = run_site(lab, "-i", str(DEPLOY_VARS))
+    assert site.returncode == 0, explain(site)
+    proc = run_deploy(lab, wheel_vars)
+    assert proc.returncode == 0, explain(proc)
+    return proc
