@@ -15,6 +15,8 @@ deploy.yml, as tests/lab/test_deploy.py prepares its own).
    installed copy's (the task paths in the JUnit file the operator's configuration asks for),
    both arms are deployed and measured, and results.json is written. The smallest workload
    ab-test takes (one trial, a few short requests): what is under test is the deploy path.
+3. site.yml's gate (the same action, the same place in the play) judges each batch after the
+   handlers its roles notified: here cufile's restart of the running inference service.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import yaml
 from deploy_lab import DEPLOY_VARS, run_deploy, served_wheelhouse, site_then_deploy
 from installed_collection import INSTALLED_PATH, REPO, install_collection
 from lab_harness import LabHosts
-from site_lab import SITE_VARS, explain, recap
+from site_lab import SITE_VARS, explain, recap, run_site
 from test_validate_lab import VALIDATE_VARS
 
 pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
@@ -183,3 +185,41 @@ def test_ab_test_deploy_runs_the_installed_collection_from_outside_the_checkout(
     for arm in ("baseline", "offload"):  # both arms measured: batch 2 x 1 iteration x 1 trial
         assert scenario["arms"][arm]["metrics"]["completed"] == 2, scenario["arms"][arm]
     assert scenario["verdict"] == "not enough trials", scenario["verdict"]  # one trial: no claim
+
+
+# cufile's handler, as the play's output names it (the role's prefix differs between the checkout's
+# playbook and the installed collection's)
+CUFILE_RESTART = "Cufile | Restart the running inference service so that cuFile rereads its"
+
+
+def test_the_site_gate_judges_each_batch_after_its_handlers(
+    deploy_lab: LabHosts, deployed: None
+) -> None:
+    """site.yml with the gate, one host per batch, a cufile.json change on hosts whose inference
+    service runs: cufile's handler restarts the service, and only after that may the gate probe
+    the host - a gate that ran first would judge the service still running the old
+    configuration, and pass a batch whose restart it never saw. (Ansible runs the handlers the
+    roles notified at the end of the roles-and-tasks section, before post_tasks:
+    https://docs.ansible.com/ansible/latest/playbook_guide/playbooks_handlers.html#controlling-when-handlers-run.)
+    Last in this module: it leaves cufile.json changed (logging level INFO)."""
+    site_vars = yaml.safe_load(SITE_VARS.read_text())["all"]["children"]["gpu_hosts"]["vars"]
+    overrides = {**site_vars["cufile_overrides"], "logging": {"level": "INFO"}}
+    proc = run_site(
+        deploy_lab,
+        "-i", str(DEPLOY_VARS), "-i", str(VALIDATE_VARS),
+        extra_vars={"cufile_overrides": overrides, "kvops_site_gate": True, "kvops_site_serial": 1},
+        env={"PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 0, explain(proc)
+    order = [
+        line
+        for line in proc.stdout.splitlines()
+        if line.startswith(("PLAY [", "TASK [", "RUNNING HANDLER ["))
+    ]
+    # per batch (one host each): its restart, then its gate
+    seen = [
+        "restart" if CUFILE_RESTART in line else "gate"
+        for line in order
+        if CUFILE_RESTART in line or line.startswith(GATE_TASK)
+    ]
+    assert seen == ["restart", "gate"] * 2, "\n".join(order[-60:])
