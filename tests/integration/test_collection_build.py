@@ -16,78 +16,25 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tarfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
+from installed_collection import BIN, REPO, Installed, install_collection
 from old_pythons import oldest_supported_python
 
 from kvops.probe.bundle import SHIPPED
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "tasks").is_dir())
 PLAYBOOKS = sorted(p.stem for p in (REPO / "playbooks").glob("*.yml"))
 
 
-@dataclass(frozen=True)
-class Installed:
-    tarball: Path
-    collections: Path  # the collections path it was installed into (nothing else there)
-    user_dir: Path  # a directory outside the checkout with the user's own ansible.cfg
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-        env.update(
-            PATH=f"{BIN}{os.pathsep}{env.get('PATH', os.defpath)}",
-            ANSIBLE_CONFIG=str(self.user_dir / "ansible.cfg"),
-            ANSIBLE_NOCOLOR="1",
-        )
-        return env
-
-    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            argv,
-            cwd=self.user_dir,
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if check:
-            assert proc.returncode == 0, (
-                f"{argv}: rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-            )
-        return proc
-
-
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    base = tmp_path_factory.mktemp("collection")
-    out, collections, user = base / "dist", base / "collections", base / "user"
-    user.mkdir()
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     # The user's own configuration: their collections path only (the dependencies,
     # ansible.posix and friends, come from the `ansible` package as for any user of it).
-    (user / "ansible.cfg").write_text(
-        f"[defaults]\ncollections_path = {collections}\nretry_files_enabled = False\n"
-    )
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    build = subprocess.run(
-        [BIN / "ansible-galaxy", "collection", "build", "--output-path", str(out), str(REPO)],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
-    assert build.returncode == 0, build.stdout + build.stderr
-    (tarball,) = out.glob("kvops-gds-*.tar.gz")
-    inst = Installed(tarball, collections, user)
-    inst.run(
-        str(BIN / "ansible-galaxy"), "collection", "install", "--offline", "--no-deps",
-        "-p", str(collections), str(tarball),
-    )  # fmt: skip
-    yield inst
+    return install_collection(tmp_path_factory.mktemp("collection"))
 
 
 def _members(tarball: Path) -> dict[str, tarfile.TarInfo]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lab_harness import LabHosts
-from site_lab import SITE_VARS
+from site_lab import SITE_VARS, explain, run_site
 
 from kvops.lab.wheelhouse import build_wheelhouse, serve_directory
 
@@ -77,3 +77,17 @@ def make_service_account(lab: LabHosts, name: str) -> None:
     lab.ssh(name, ["groupadd", "-f", "-g", str(SERVICE_UID), "vllm"], sudo=True)
     useradd = f"id vllm || useradd -r -u {SERVICE_UID} -g vllm -M -s /usr/sbin/nologin vllm"
     lab.ssh(name, ["sh", "-c", useradd], sudo=True)
+
+
+def site_then_deploy(
+    lab: LabHosts, wheel_vars: Mapping[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    """A fresh deploy lab made ready as an operator would: the service account, site.yml (with
+    deploy_lab_vars.yml), then deploy.yml; asserts both plays succeeded."""
+    for name in lab.names:
+        make_service_account(lab, name)
+    site = run_site(lab, "-i", str(DEPLOY_VARS))
+    assert site.returncode == 0, explain(site)
+    proc = run_deploy(lab, wheel_vars)
+    assert proc.returncode == 0, explain(proc)
+    return proc

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from installed_collection import BIN, REPO, install_collection
 from lab_harness import LabHosts
 from site_lab import SITE_VARS, converge_hosts, converged, explain, recap, run_site
 from test_validate_lab import VALIDATE_VARS
@@ -34,8 +35,6 @@ from test_validate_lab import VALIDATE_VARS
 from kvops.remote.inventory import load_inventory, probe_options, probe_settings
 from kvops.validate.collect import probe_config
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 GHOST = "kvlab-ghost"
 
 
@@ -71,30 +70,14 @@ def test_installed_collection_converges_and_validates_the_lab(
 ) -> None:
     converged(lab)
     names = converge_hosts(lab)
-    dist, collections, user = tmp_path / "dist", tmp_path / "collections", tmp_path / "operator"
-    user.mkdir()
-    base_env = lab.env()
-    build = subprocess.run(
-        [str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(dist), str(REPO)],
-        capture_output=True, text=True, env=base_env, timeout=300,
-    )  # fmt: skip
-    assert build.returncode == 0, build.stdout + build.stderr
-    (tarball,) = dist.glob("*.tar.gz")
     # the operator's own configuration, not the checkout's
-    (user / "ansible.cfg").write_text(
-        "[defaults]\n"
-        f"collections_path = {collections}\n"
-        "host_key_checking = True\ninterpreter_python = auto_silent\nretry_files_enabled = False\n"
-        "[ssh_connection]\npipelining = True\n"
+    installed = install_collection(
+        tmp_path / "operator",
+        "host_key_checking = True\ninterpreter_python = auto_silent\n"
+        "[ssh_connection]\npipelining = True\n",
     )
-    env = {**base_env, "ANSIBLE_CONFIG": str(user / "ansible.cfg"), "PYTHONPATH": str(REPO)}
-    install = subprocess.run(
-        [str(BIN / "ansible-galaxy"), "collection", "install", "--offline", "--no-deps",
-         "-p", str(collections), str(tarball)],
-        capture_output=True, text=True, env=env, timeout=300, cwd=user,
-    )  # fmt: skip
-    assert install.returncode == 0, install.stdout + install.stderr
-    assert (collections / "ansible_collections" / "kvops" / "gds" / "MANIFEST.json").is_file()
+    user = installed.user_dir
+    env = {**installed.env(lab.env()), "PYTHONPATH": str(REPO)}
     ghost = tmp_path / "ghost.yml"
     ghost_vars = {"ansible_host": lab.gateway_ip, "ansible_port": 1, "ansible_user": lab.user}
     ghost.write_text(

@@ -1,0 +1,225 @@
+"""deploy.yml's validation gate and `kvops ab-test --deploy` from the installed kvops.gds
+collection, on a private deploy lab (kvlab-1 offload, kvlab-2 baseline; site.yml, then
+deploy.yml, as tests/lab/test_deploy.py prepares its own).
+
+1. A rollout of deploy.yml with ``kvops_deploy_gate=true``, one host per ``serial`` batch and
+   the playbook's ``max_fail_percentage`` (0): the first batch's host, its rpcrdma unloaded by
+   hand (rdma_client's work undone), gets the rolled-out change, FAILs GDS-025 at the gate and
+   stops the rollout there - the second batch's host never runs and keeps its old environment
+   file; the finding is in the play's output and in the JUnit file of Ansible's junit callback
+   (https://docs.ansible.com/ansible/latest/collections/ansible/builtin/junit_callback.html).
+   Healthy again, both batches pass the gate and the change reaches both hosts.
+2. `kvops ab-test --deploy` from a folder outside the checkout, with the operator's own
+   ansible.cfg naming only the collections path the tarball was installed into: kvops picks the
+   installed ``kvops.gds.deploy`` (run.json keeps no project root), the roles that run are the
+   installed copy's (the task paths in the JUnit file the operator's configuration asks for),
+   both arms are deployed and measured, and results.json is written. The smallest workload
+   ab-test takes (one trial, a few short requests): what is under test is the deploy path.
+3. site.yml's gate (the same action, the same place in the play) judges each batch after the
+   handlers its roles notified: here cufile's restart of the running inference service.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deploy_lab import DEPLOY_VARS, run_deploy, served_wheelhouse, site_then_deploy
+from installed_collection import INSTALLED_PATH, REPO, install_collection
+from lab_harness import LabHosts
+from site_lab import SITE_VARS, explain, recap, run_site
+from test_validate_lab import VALIDATE_VARS
+
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
+
+OFFLOAD, BASELINE = "kvlab-1", "kvlab-2"
+ENV_FILE = "/etc/kvops/vllm.env"
+GATE_TASK = "TASK [Kvops | Gate the batch on kvops validation]"
+
+
+@pytest.fixture(scope="module")
+def deploy_lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
+    return lab_factory(
+        hosts=2,
+        variants={OFFLOAD: {"SYSTEMD": "double"}, BASELINE: {"SYSTEMD": "double"}},
+        host_vars={
+            OFFLOAD: {"vllm_lmcache_variant": "offload", "kvops_role": "offload"},
+            BASELINE: {"vllm_lmcache_variant": "baseline", "kvops_role": "baseline"},
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def wheel_vars(
+    deploy_lab: LabHosts, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    with served_wheelhouse(deploy_lab, tmp_path_factory.mktemp("wheelhouse")) as extra:
+        yield extra
+
+
+@pytest.fixture(scope="module")
+def deployed(deploy_lab: LabHosts, wheel_vars: dict[str, Any]) -> None:
+    site_then_deploy(deploy_lab, wheel_vars)
+
+
+def _env_lines(lab: LabHosts, host: str) -> list[str]:
+    return lab.read_file(host, ENV_FILE).splitlines()
+
+
+def test_the_gate_stops_a_deploy_rollout_at_the_batch_of_a_broken_host(
+    deploy_lab: LabHosts, wheel_vars: dict[str, Any], deployed: None, tmp_path: Path
+) -> None:
+    marker = "KVOPS_ROLLOUT=gate-test"
+    rollout = {
+        "kvops_deploy_gate": True,
+        "kvops_deploy_serial": 1,
+        # the change being rolled out: one more line in the service's environment file
+        "vllm_lmcache_env": {"KVOPS_ROLLOUT": "gate-test"},
+    }
+    junit = tmp_path / "junit"
+    env = {
+        "PYTHONPATH": str(REPO),  # the gate judges with this checkout's kvops
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.junit",
+        "JUNIT_OUTPUT_DIR": str(junit),
+    }
+    assert marker not in _env_lines(deploy_lab, OFFLOAD) + _env_lines(deploy_lab, BASELINE)
+    deploy_lab.ssh(OFFLOAD, ["modprobe", "-r", "rpcrdma"], sudo=True)
+    try:
+        broken = run_deploy(
+            deploy_lab, wheel_vars, "-i", str(VALIDATE_VARS), extra_vars=rollout, env=env
+        )
+    finally:
+        deploy_lab.ssh(OFFLOAD, ["modprobe", "rpcrdma"], sudo=True)
+    assert broken.returncode != 0, explain(broken)
+    counts = recap(broken)
+    assert counts[OFFLOAD]["failed"] == 1, explain(broken)
+    assert BASELINE not in counts, explain(broken)  # its batch never started
+    assert broken.stdout.count(GATE_TASK) == 1, explain(broken)
+    assert f"{OFFLOAD}: validation FAILed: GDS-025" in broken.stdout, explain(broken)
+    assert marker in _env_lines(deploy_lab, OFFLOAD)  # the first batch was deployed ...
+    assert marker not in _env_lines(deploy_lab, BASELINE)  # ... the second never was
+    (report,) = junit.glob("*.xml")
+    # the failed task as a JUnit <error> (ansible-core 2.19 writes a failed action's result with
+    # its exception summary so) or <failure>: either fails the CI job that reads the file
+    failures = [
+        (case.get("name", ""), failure.get("message", "") + (failure.text or ""))
+        for case in ET.parse(report).getroot().iter("testcase")
+        for failure in case
+        if failure.tag in ("failure", "error")
+    ]
+    assert len(failures) == 1, failures
+    ((name, text),) = failures
+    assert OFFLOAD in name and "Gate the batch" in name, name
+    assert "GDS-025" in text, text[-3000:]
+
+    healthy = run_deploy(
+        deploy_lab, wheel_vars, "-i", str(VALIDATE_VARS), extra_vars=rollout, env=env
+    )
+    assert healthy.returncode == 0, explain(healthy)
+    counts = recap(healthy)
+    assert counts[OFFLOAD]["failed"] == 0 and counts[BASELINE]["failed"] == 0, counts
+    assert healthy.stdout.count(GATE_TASK) == 2, explain(healthy)
+    assert marker in _env_lines(deploy_lab, BASELINE)
+
+
+def test_ab_test_deploy_runs_the_installed_collection_from_outside_the_checkout(
+    deploy_lab: LabHosts, wheel_vars: dict[str, Any], deployed: None, tmp_path: Path
+) -> None:
+    junit = tmp_path / "junit"
+    installed = install_collection(
+        tmp_path / "operator",
+        # the operator's own settings; the junit callback shows which roles ran
+        "host_key_checking = True\ninterpreter_python = auto_silent\n"
+        "callbacks_enabled = ansible.builtin.junit\n[ssh_connection]\npipelining = True\n",
+    )
+    assert REPO not in installed.user_dir.parents
+    workload = installed.user_dir / "tiny.yaml"
+    workload.write_text(
+        yaml.safe_dump({
+            "name": "tiny", "description": "the smallest run: the deploy path is under test",
+            "num_prefixes": 2, "prefix_tokens": 256, "prompt_tokens": 320, "output_tokens": 4,
+            "batch_size": 2, "iterations": 1, "seed": 0,
+        }, sort_keys=False)
+    )  # fmt: skip
+    out = installed.user_dir / "run"
+    argv = [str(Path(sys.executable).parent / "kvops"), "ab-test", "--deploy", "--limit", OFFLOAD]
+    for source in (deploy_lab.inventory_path, SITE_VARS, DEPLOY_VARS):
+        argv += ["-i", str(source)]
+    for key, value in wheel_vars.items():
+        argv += ["--deploy-var", f"{key}={json.dumps(value)}"]
+    argv += ["--workload", str(workload), "--trials", "1", "--warmup-iterations", "0"]
+    argv += ["--out", str(out), "--json"]
+    env = installed.env(deploy_lab.env())
+    env.update(PYTHONPATH=str(REPO), JUNIT_OUTPUT_DIR=str(junit))
+    proc = subprocess.run(
+        argv, cwd=installed.user_dir, env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    # kvops chose the installed collection (no checkout around the working directory) ...
+    run = json.loads((out / "run.json").read_text())
+    assert run["deploy"]["project_root"] is None, run["deploy"]
+    # ... and the roles that ran are the installed copy's, never the checkout's
+    paths = {
+        case.get("classname", "")
+        for report in junit.glob("*.xml")
+        for case in ET.parse(report).getroot().iter("testcase")
+    }
+    role = str(installed.collections / INSTALLED_PATH / "roles" / "vllm_lmcache")
+    assert any(p.startswith(role) for p in paths), sorted(paths)[:20]
+    assert not any(p.startswith(str(REPO)) for p in paths), sorted(paths)[:20]
+
+    deploys = [json.loads(line) for line in (out / "deploys.jsonl").read_text().splitlines()]
+    assert {d["variant"] for d in deploys} == {"baseline", "offload"}, deploys
+    assert all(d["status"] == "successful" for d in deploys), deploys
+    results = json.loads((out / "results.json").read_text())
+    assert json.loads(proc.stdout) == results
+    scenario = results["scenarios"]["tiny"]
+    for arm in ("baseline", "offload"):  # both arms measured: batch 2 x 1 iteration x 1 trial
+        assert scenario["arms"][arm]["metrics"]["completed"] == 2, scenario["arms"][arm]
+    assert scenario["verdict"] == "not enough trials", scenario["verdict"]  # one trial: no claim
+
+
+# cufile's handler, as the play's output names it (the role's prefix differs between the checkout's
+# playbook and the installed collection's)
+CUFILE_RESTART = "Cufile | Restart the running inference service so that cuFile rereads its"
+
+
+def test_the_site_gate_judges_each_batch_after_its_handlers(
+    deploy_lab: LabHosts, deployed: None
+) -> None:
+    """site.yml with the gate, one host per batch, a cufile.json change on hosts whose inference
+    service runs: cufile's handler restarts the service, and only after that may the gate probe
+    the host - a gate that ran first would judge the service still running the old
+    configuration, and pass a batch whose restart it never saw. (Ansible runs the handlers the
+    roles notified at the end of the roles-and-tasks section, before post_tasks:
+    https://docs.ansible.com/ansible/latest/playbook_guide/playbooks_handlers.html#controlling-when-handlers-run.)
+    Last in this module: it leaves cufile.json changed (logging level INFO)."""
+    site_vars = yaml.safe_load(SITE_VARS.read_text())["all"]["children"]["gpu_hosts"]["vars"]
+    overrides = {**site_vars["cufile_overrides"], "logging": {"level": "INFO"}}
+    proc = run_site(
+        deploy_lab,
+        "-i", str(DEPLOY_VARS), "-i", str(VALIDATE_VARS),
+        extra_vars={"cufile_overrides": overrides, "kvops_site_gate": True, "kvops_site_serial": 1},
+        env={"PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 0, explain(proc)
+    order = [
+        line
+        for line in proc.stdout.splitlines()
+        if line.startswith(("PLAY [", "TASK [", "RUNNING HANDLER ["))
+    ]
+    # per batch (one host each): its restart, then its gate
+    seen = [
+        "restart" if CUFILE_RESTART in line else "gate"
+        for line in order
+        if CUFILE_RESTART in line or line.startswith(GATE_TASK)
+    ]
+    assert seen == ["restart", "gate"] * 2, "\n".join(order[-60:])
