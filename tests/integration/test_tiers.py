@@ -50,8 +50,8 @@ def test_fails():
 
 def test_every_tier_runs_in_exactly_one_group(pytestconfig: pytest.Config) -> None:
     tiers = [line.split(":", 1)[0].strip() for line in pytestconfig.getini("markers")]
-    assert {"unit", "integration", "lab", "engine", "own_lab"} <= set(tiers)
-    for marks in [{tier} for tier in tiers] + [{"lab", "own_lab"}]:
+    assert {"unit", "integration", "lab", "engine", "own_lab", "own_lab_b"} <= set(tiers)
+    for marks in [{tier} for tier in tiers] + [{"lab", "own_lab"}, {"lab", "own_lab", "own_lab_b"}]:
         selected = [name for name, marker, _ in GROUPS if _selects(marker, marks)]
         assert len(selected) == 1, (marks, selected)
 
@@ -105,6 +105,7 @@ def _suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     nice = {name: niceness for name, _, niceness in GROUPS}
     lab_nice = nice.pop("lab-shared")
     assert nice.pop("lab-own") == lab_nice
+    assert nice.pop("lab-own-b") == lab_nice
     [rest_nice] = nice.values()
     pytester.makeini("[pytest]\nmarkers =\n    lab: lab tier\n    own_lab: labs of its own\n")
     suite = SUITE.replace("{lab_nice}", str(lab_nice)).replace("{rest_nice}", str(rest_nice))

@@ -30,7 +30,7 @@ from deploy_lab import GDS_DIR, make_service_account, run_deploy, served_wheelho
 from lab_harness import LabHosts
 from site_lab import HERE, REPO_ROOT, SITE_VARS, explain, failure_messages, recap, run_role
 
-pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab, pytest.mark.own_lab_b]
 
 MP = {
     "vllm_lmcache_variant": "offload_mp",

@@ -46,7 +46,7 @@ from site_lab import SITE_VARS, explain, run_site
 from kvops.abtest.embedded import free_port
 from kvops.abtest.engine_counters import counter_delta, read_counters
 
-pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab, pytest.mark.own_lab_b]
 
 HOST_A, HOST_B = "kvlab-1", "kvlab-2"
 # One host prunes the store (roles/vllm_lmcache/README.md, "Pruning the store").
