@@ -24,12 +24,12 @@ from deploy_lab import (
     GDS_DIR,
     SERVICE,
     SERVICE_UID,
-    make_service_account,
     run_deploy,
     served_wheelhouse,
+    site_then_deploy,
 )
 from lab_harness import LabHosts
-from site_lab import SITE_VARS, explain, recap, run_site
+from site_lab import SITE_VARS, explain, recap
 
 pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
 
@@ -62,15 +62,7 @@ def wheel_vars(
 
 @pytest.fixture(scope="module")
 def deployed(deploy_lab: LabHosts, wheel_vars: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    # The service account with its fixed ids, as production creates it before site.yml where
-    # nfs_rdma_mount (which owns the GDS directory) does not take the ids from the inventory.
-    for name in deploy_lab.names:
-        make_service_account(deploy_lab, name)
-    site = run_site(deploy_lab, "-i", str(DEPLOY_VARS))
-    assert site.returncode == 0, explain(site)
-    proc = run_deploy(deploy_lab, wheel_vars)
-    assert proc.returncode == 0, explain(proc)
-    return proc
+    return site_then_deploy(deploy_lab, wheel_vars)
 
 
 def _completion(lab: LabHosts, host: str, prompt_words: int = 1200) -> dict[str, Any]:
