@@ -29,6 +29,9 @@ description:
     findings in C(findings).
   - The probe settings come from the host's variables (C(kvops_role), C(kvops_gds_dir), C(kvops_probe_roots), ...)
     exactly as C(kvops validate) reads them.
+  - With O(fail_on_finding=false) the host does not fail here: its FAIL findings are in C(fails) and, as per-host
+    custom stats (key C(kvops_gate_fail)), in the play recap when C(show_custom_stats) is on; a later task fails
+    the host. Ansible drops the stats of a failed task, so this is how the findings reach the recap.
   - Needs the kvops Python package on the controller.
 """
 
@@ -38,7 +41,7 @@ _VAR_PREFIXES = ("kvops_", "ansible_host", "ansible_port", "ansible_user")
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("storage_bench",))
+    _VALID_ARGS = frozenset(("storage_bench", "fail_on_finding"))
 
     def run(self, tmp: Any = None, task_vars: Any = None) -> dict[str, Any]:
         task_vars = task_vars or {}
@@ -100,13 +103,20 @@ class ActionModule(ActionBase):
             }
             for f in findings
         ]
-        fails = [r for r in rows if r["severity"] == "FAIL"]
+        fails = [f"{r['check_id']} {r['title']}: {r['message']}" for r in rows
+                 if r["severity"] == "FAIL"]  # fmt: skip
         result["findings"] = rows
+        result["fails"] = fails
         if fails:
-            result["failed"] = True
-            result["msg"] = f"{name}: validation FAILed: " + "; ".join(
-                f"{r['check_id']} {r['title']}: {r['message']}" for r in fails
-            )
+            result["msg"] = f"{name}: validation FAILed: " + "; ".join(fails)
+            if self._task.args.get("fail_on_finding", True):
+                result["failed"] = True
+            else:  # an ok result: Ansible keeps its stats for the recap (per host)
+                result["ansible_stats"] = {
+                    "data": {"kvops_gate_fail": fails},
+                    "per_host": True,
+                    "aggregate": False,
+                }
         else:
             warns = sum(1 for r in rows if r["severity"] == "WARN")
             result["msg"] = f"{name}: no FAIL ({len(rows)} findings, {warns} WARN)"

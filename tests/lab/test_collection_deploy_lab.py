@@ -103,6 +103,10 @@ def test_the_gate_stops_a_deploy_rollout_at_the_batch_of_a_broken_host(
     assert BASELINE not in counts, explain(broken)  # its batch never started
     assert broken.stdout.count(GATE_TASK) == 1, explain(broken)
     assert f"{OFFLOAD}: validation FAILed: GDS-025" in broken.stdout, explain(broken)
+    # and under the play recap, per host (custom stats: the gate's own result is ok, a later
+    # task fails the host)
+    recap_text = broken.stdout.split("PLAY RECAP", 1)[1]
+    assert "CUSTOM STATS" in recap_text and "GDS-025" in recap_text, explain(broken)
     assert marker in _env_lines(deploy_lab, OFFLOAD)  # the first batch was deployed ...
     assert marker not in _env_lines(deploy_lab, BASELINE)  # ... the second never was
     (report,) = junit.glob("*.xml")

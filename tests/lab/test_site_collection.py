@@ -179,6 +179,8 @@ def test_the_gate_stops_a_site_rollout_at_the_batch_of_a_broken_host(
     assert counts[first]["failed"] == 1, explain(broken)
     assert second not in counts, explain(broken)  # its batch never started
     assert "validation FAILed: GDS-025" in broken.stdout, explain(broken)
+    recap_text = broken.stdout.split("PLAY RECAP", 1)[1]  # the findings under the recap too
+    assert "CUSTOM STATS" in recap_text and "GDS-025" in recap_text, explain(broken)
     (report,) = junit.glob("*.xml")
     xml = report.read_text()
     assert "GDS-025" in xml and first in xml, xml[-3000:]
