@@ -103,7 +103,11 @@ def test_the_export_squashes_root_and_refuses_suid_and_devices() -> None:
 def test_the_service_user_clears_the_gds_directory() -> None:
     """Root squashed may not list the service user's 0750 directory: the clearing runs as it."""
     path = ROLES / "vllm_lmcache" / "tasks" / "clear_gds_dir.yml"
-    tasks = [t for t in yaml.safe_load(path.read_text()) if "systemd_service" not in str(t)]
-    assert tasks
+    tasks = [
+        t
+        for t in yaml.safe_load(path.read_text())
+        if "systemd_service" not in str(t) and "ansible.builtin.assert" not in t  # on the host
+    ]
+    assert len(tasks) >= 3  # list, delete, list what is left
     for task in tasks:
         assert task.get("become_user") == "{{ vllm_lmcache_service_user }}", task["name"]
