@@ -105,7 +105,6 @@ def _suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     nice = {name: niceness for name, _, niceness in GROUPS}
     lab_nice = nice.pop("lab-shared")
     assert nice.pop("lab-own") == lab_nice
-    assert nice.pop("lab-own-b") == lab_nice
     [rest_nice] = nice.values()
     pytester.makeini("[pytest]\nmarkers =\n    lab: lab tier\n    own_lab: labs of its own\n")
     suite = SUITE.replace("{lab_nice}", str(lab_nice)).replace("{rest_nice}", str(rest_nice))

@@ -37,7 +37,7 @@ from lab_harness import LabHosts
 from site_lab import SITE_VARS, explain, recap, run_site
 from test_validate_lab import VALIDATE_VARS
 
-pytestmark = [pytest.mark.lab, pytest.mark.own_lab, pytest.mark.own_lab_b]
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
 
 OFFLOAD, BASELINE = "kvlab-1", "kvlab-2"
 ENV_FILE = "/etc/kvops/vllm.env"
