@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_smoke_sim import sim_server
+from sim_server import sim_server
 
 WORKLOAD = """\
 name: aa

@@ -17,20 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_smoke_sim import sim_server
+from sim_server import sim_server
 
 from kvops.abtest.engine_counters import counter_delta, read_counters
 
 FAST = ("--time-scale", "0.2")
-WORKLOAD = """\
-name: fleet
-num_prefixes: 2
-prefix_tokens: 1024
-prompt_tokens: 1280
-output_tokens: 4
-batch_size: 4
-iterations: 2
-"""
+WORKLOAD = Path(__file__).parents[1] / "fixtures" / "workloads" / "fleet-small.yaml"
 
 
 def _get(url: str) -> str:
@@ -76,8 +68,7 @@ def test_a_prefix_stored_by_one_instance_hits_on_the_other(tmp_path: Path) -> No
 
 
 def _ab_test(tmp_path: Path, name: str, base: str, fleet: str, route: str) -> dict[str, Any]:
-    workload = tmp_path / "w.yaml"
-    workload.write_text(WORKLOAD)
+    workload = WORKLOAD
     out = tmp_path / name
     proc = subprocess.run(
         [sys.executable, "-m", "kvops", "ab-test", "--arm", f"baseline={base}",

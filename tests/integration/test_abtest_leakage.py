@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_smoke_sim import sim_server
+from sim_server import sim_server
 
 WORKLOAD = """\
 name: unique-one-shot

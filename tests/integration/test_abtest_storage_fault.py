@@ -19,8 +19,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from sim_server import sim_server
 from test_abtest_preconditions import SMALL_GPU, WORKLOAD
-from test_smoke_sim import sim_server
 
 
 def _truncate_chunks_once_offload_ran(run: Path, gds: Path, stop: threading.Event) -> list[Path]:

@@ -6,69 +6,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from doubles.fixed_delay_server import running
+from sim_server import sim_server
 
-OFFLOAD = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def sim_server(gds: Path | None, log: Path, *extra: str) -> Iterator[str]:
-    """`kvops sim serve` in its own process group, offload on when `gds` is given."""
-    port = _free_port()
-    args = [sys.executable, "-m", "kvops", "sim", "serve", "--port", str(port), *extra]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_")}
-    if gds is not None:
-        args += ["--kv-transfer-config", OFFLOAD]
-        env |= {
-            "LMCACHE_GDS_PATH": str(gds),
-            "LMCACHE_GDS_BUFFER_SIZE": "1024",
-            "LMCACHE_LOCAL_CPU": "False",
-        }
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            args, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"kvops sim serve exited: {log.read_text()[-2000:]}")
-            with (
-                contextlib.suppress(urllib.error.URLError, OSError),
-                urllib.request.urlopen(url + "/health", timeout=1),
-            ):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("kvops sim serve did not become healthy in 60 s")
-            time.sleep(0.1)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+from kvops.abtest.embedded import free_port
 
 
 def smoke(*args: str) -> tuple[int, dict[str, dict[str, str]], str]:
@@ -115,7 +65,7 @@ def test_smoke_fails_when_the_kv_from_offload_gives_another_answer(tmp_path: Pat
     correctness check alone sees it and names the token."""
     gds = tmp_path / "gds"
     gds.mkdir()
-    port = _free_port()
+    port = free_port()
     with sim_server(gds, tmp_path / "sim.log") as upstream:
         double = Path(__file__).parents[1] / "doubles" / "wrong_kv_proxy.py"
         proxy = subprocess.Popen(
@@ -158,7 +108,7 @@ def test_smoke_fails_on_the_sim_without_offload(tmp_path: Path) -> None:
 
 
 def test_smoke_against_an_unreachable_url_exits_2_without_traceback() -> None:
-    code, items, out = smoke("--url", f"http://127.0.0.1:{_free_port()}")
+    code, items, out = smoke("--url", f"http://127.0.0.1:{free_port()}")
     assert code == 2
     assert items == {}
     assert "cannot reach" in json.loads(out)["error"]

@@ -100,7 +100,8 @@ def test_slowest_orders_by_time_across_groups() -> None:
     assert [t.nodeid for t in slowest(times, 2)] == ["b::t2", "c::t3"]
 
 
-def _suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def nested_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """The nested suite; its tests also check each group's niceness relative to this process."""
     nice = {name: niceness for name, _, niceness in GROUPS}
     lab_nice = nice.pop("lab-shared")
@@ -113,12 +114,8 @@ def _suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_parallel_groups_report_each_log_whole_and_the_first_failure(
-    pytester: pytest.Pytester,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    nested_suite: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _suite(pytester, monkeypatch)
     logs = tmp_path / "logs"
     rc = run([sys.executable, "-m", "pytest"], logs, [])
     out = capsys.readouterr().out
@@ -143,12 +140,8 @@ def test_parallel_groups_report_each_log_whole_and_the_first_failure(
 
 
 def test_arguments_that_select_one_groups_tests_do_not_fail_the_other(
-    pytester: pytest.Pytester,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    nested_suite: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _suite(pytester, monkeypatch)
     rc = run([sys.executable, "-m", "pytest"], tmp_path / "logs", ["-k", "passes"])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -157,12 +150,8 @@ def test_arguments_that_select_one_groups_tests_do_not_fail_the_other(
 
 
 def test_the_preparation_runs_beside_the_groups_and_is_reported(
-    pytester: pytest.Pytester,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    nested_suite: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _suite(pytester, monkeypatch)
     logs = tmp_path / "logs"
     prepare = [sys.executable, "-c", "import os; print('prepared at nice', os.nice(0))"]
     run([sys.executable, "-m", "pytest"], logs, ["-k", "passes"], prepare)
@@ -173,12 +162,8 @@ def test_the_preparation_runs_beside_the_groups_and_is_reported(
 
 
 def test_a_preparation_still_running_at_the_end_is_stopped_with_its_children(
-    pytester: pytest.Pytester,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    nested_suite: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _suite(pytester, monkeypatch)
     pid_file = tmp_path / "child.pid"
     # a shell whose child outlives a signal to the shell alone: as pip under install_engine.sh
     prepare = ["bash", "-c", f"sleep 300 & echo $! > {pid_file}; wait"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -41,9 +40,9 @@ from deploy_lab import (
     served_wheelhouse,
 )
 from lab_harness import LabHosts
+from sim_server import sim_server
 from site_lab import SITE_VARS, explain, run_site
 
-from kvops.abtest.embedded import free_port
 from kvops.abtest.engine_counters import counter_delta, read_counters
 
 pytestmark = [pytest.mark.lab, pytest.mark.own_lab, pytest.mark.own_lab_b]
@@ -60,16 +59,7 @@ ENGINE_ARGS = [
 MODEL = "llama-3.1-8b"
 CHUNK_TOKENS = 256  # LMCache chunk_size of the role's config
 PROMPT_TOKENS = 8192  # 32 chunks
-# A small prefix-reuse workload for the ab-test: 2 prefixes reused over 2 iterations, 2 trials.
-FLEET_WORKLOAD = """\
-name: fleet
-num_prefixes: 2
-prefix_tokens: 1024
-prompt_tokens: 1280
-output_tokens: 4
-batch_size: 4
-iterations: 2
-"""
+FLEET_WORKLOAD = Path(__file__).parents[1] / "fixtures" / "workloads" / "fleet-small.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -209,34 +199,10 @@ def test_a_prefix_stored_by_host_a_is_a_hit_on_host_b(fleet: LabHosts, export_di
 @pytest.fixture
 def local_baseline(tmp_path: Path) -> Iterator[str]:
     """The ab-test's baseline arm: the same engine profile without offload, on this machine."""
-    port = free_port()
-    log = (tmp_path / "baseline.log").open("wb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvops", "sim", "serve", MODEL, "--host", "127.0.0.1",
-         "--port", str(port), *ENGINE_ARGS],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )  # fmt: skip
-    log.close()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "baseline.log").read_text()[-2000:]
-            try:
-                _get(url + "/health")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the local baseline engine did not start"
-                time.sleep(0.2)
+    with sim_server(
+        None, tmp_path / "baseline.log", MODEL, "--host", "127.0.0.1", *ENGINE_ARGS
+    ) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def test_ab_test_prefix_handoff_measures_cross_instance_hits(
@@ -245,8 +211,7 @@ def test_ab_test_prefix_handoff_measures_cross_instance_hits(
     """Each prefix's first request goes to one host and its reuse to the other: the reuse is a
     hit on the other host, counted by that host's own counters."""
     a, b = _url(fleet, HOST_A), _url(fleet, HOST_B)
-    workload = tmp_path / "fleet.yaml"
-    workload.write_text(FLEET_WORKLOAD)
+    workload = FLEET_WORKLOAD
     out = tmp_path / "ab-fleet"
     kvops = str(Path(sys.executable).parent / "kvops")
     proc = subprocess.run(
@@ -276,8 +241,7 @@ def test_ab_test_deploy_switches_every_host_of_an_arm_together(
     """`--deploy --limit A,B`: each arm is the fleet of both hosts, and every deploy puts its
     variant on both at once (one deploy.yml run; the deploys' records name both hosts). Last in
     the module: it leaves the hosts on whichever variant was deployed last."""
-    workload = tmp_path / "fleet.yaml"
-    workload.write_text(FLEET_WORKLOAD)
+    workload = FLEET_WORKLOAD
     out = tmp_path / "ab-deploy-fleet"
     argv = [str(Path(sys.executable).parent / "kvops"), "ab-test", "--deploy",
             "--limit", f"{HOST_A},{HOST_B}"]  # fmt: skip
