@@ -52,9 +52,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from doubles.fixed_delay_server import read_timing_log, running
 
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session
-from kvops.loadgen.runner import ClientStats, Labels, LoopLagMonitor, Runner, judge_client
+from kvops.loadgen.runner import (
+    ClientStats,
+    Labels,
+    LoopLagMonitor,
+    Runner,
+    WireRequest,
+    judge_client,
+)
 from kvops.loadgen.workers import WorkerPool
-from kvops.workload.generate import PlannedRequest
 
 OUTPUT_TOKENS = 16
 FIRST_MS, GAP_MS = 50.0, 10.0
@@ -63,18 +69,16 @@ VOCAB = 1_000_000  # the double rejects token ids past its vocabulary
 _prompt_ids = itertools.count(PROMPT_ID_BASE)
 
 
-def _planned(ids: list[int]) -> list[PlannedRequest]:
+def _planned(ids: list[int]) -> list[WireRequest]:
     """One request per id; the id is the last prompt token and the request id is `r<id>`."""
     return [
-        PlannedRequest(0, 0, i, CompletionRequest(f"r{pid}", [1, 2, pid], OUTPUT_TOKENS))
-        for i, pid in enumerate(ids)
+        WireRequest(0, 0, CompletionRequest(f"r{pid}", [1, 2, pid], OUTPUT_TOKENS)) for pid in ids
     ]
 
 
-def _warmup(n: int) -> list[PlannedRequest]:
+def _warmup(n: int) -> list[WireRequest]:
     return [
-        PlannedRequest(0, 0, i, CompletionRequest(f"w{i}", [1, 2, 3], OUTPUT_TOKENS))
-        for i in range(n)
+        WireRequest(0, 0, CompletionRequest(f"w{i}", [1, 2, 3], OUTPUT_TOKENS)) for i in range(n)
     ]
 
 
@@ -204,13 +208,20 @@ def _print_row(label: str, row: Row, first_ms: float, gap_ms: float) -> None:
     )
 
 
-def main() -> None:
+def client_arguments(description: str | None) -> argparse.ArgumentParser:
+    """The options every load-generator benchmark takes: how many streams, client workers and
+    fixed-delay server processes (loadgen_ttft_error.py adds its own)."""
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--quick", action="store_true", help="64 and 256 streams only")
     ap.add_argument("--workers", type=int, default=max(2, min(4, os.cpu_count() or 2)))
     ap.add_argument("--server-processes", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    return ap
+
+
+def main() -> None:
+    ap = client_arguments(__doc__)
     args = ap.parse_args()
     levels = (64, 256) if args.quick else (64, 256, 1024)
     print(

@@ -40,7 +40,6 @@ Figures move with the machine's load: the ratios, measured in one run, are the c
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import glob
 import itertools
@@ -61,6 +60,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from doubles.fixed_delay_server import running
+from loadgen_overhead import client_arguments
 
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session
 from kvops.loadgen.runner import (
@@ -444,17 +444,12 @@ def _configuration(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--quick", action="store_true", help="64 and 256 streams only")
-    ap.add_argument("--workers", type=int, default=max(2, min(4, os.cpu_count() or 2)))
-    ap.add_argument("--server-processes", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    ap = client_arguments(__doc__)
     ap.add_argument("--no-peer", action="store_true", help="do not run inference-perf")
     ap.add_argument("--levels", default="", help="comma-separated stream counts (override)")
     ap.add_argument("--pairs", type=int, default=1, help="ABBA pairs of runs per client")
     args = ap.parse_args()
-    levels = (64, 256) if args.quick else (64, 256, 1024)
+    levels: tuple[int, ...] = (64, 256) if args.quick else (64, 256, 1024)
     if args.levels:
         levels = tuple(int(x) for x in args.levels.split(","))
     rng = np.random.default_rng(SEED)

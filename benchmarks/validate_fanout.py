@@ -135,13 +135,13 @@ def main() -> int:
         servers = [start_sshd(work / f"s{i}", [authorized], host_key) for i in range(max(sizes))]
         try:
             known = work / "known_hosts"
-            others = [
+            other_lines = [
                 f"[10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}]:22 "
                 + " ".join(servers[0].host_key_line.split()[:2])
                 + "\n"
                 for i in range(args.known_hosts_others)
             ]
-            known.write_text("".join(others + [s.known_hosts_line for s in servers]))
+            known.write_text("".join(other_lines + [s.known_hosts_line for s in servers]))
             hosts = [
                 InventoryHost(
                     f"h{i:02d}",
@@ -196,8 +196,8 @@ def main() -> int:
                     if bad:
                         print(f"validate_fanout: {bad[0].host}: {bad[0].status} {bad[0].reason}")
                         return 1
-            rows = [
-                (n, *(statistics.median(r[i] for r in runs[n]) for i in range(4))) for n in sizes
+            rows: list[tuple[int, float, float, float, float]] = [
+                (n, *_medians(runs[n])) for n in sizes
             ]
         finally:
             for s in servers:
@@ -250,6 +250,14 @@ def _via_ansible(
     timeout_s: float,
 ) -> list[HostResult]:
     return probe_via_ansible(hosts, configs, [str(inventory)], len(hosts), timeout_s, root=ROOT)
+
+
+def _medians(
+    runs: list[tuple[float, float, float, float]],
+) -> tuple[float, float, float, float]:
+    """Each column's median over the repeats: wall, client CPU, hosts' CPU, others' CPU."""
+    wall, cpu, busy, others = (statistics.median(r[i] for r in runs) for i in range(4))
+    return wall, cpu, busy, others
 
 
 def _print_ansible(
