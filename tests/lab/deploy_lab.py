@@ -8,7 +8,7 @@ task from the wheelhouse (kvops.lab.wheelhouse); everything else the role does i
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ GDS_DIR = "/mnt/kvcache/gds"
 SERVICE = "vllm"
 UNIT_LOG = f"/var/log/kvops-test-doubles/units/{SERVICE}.service.log"
 SERVICE_UID = 990
+OFFLOAD, BASELINE = "kvlab-1", "kvlab-2"
 
 
 @contextmanager
@@ -91,3 +92,16 @@ def site_then_deploy(
     proc = run_deploy(lab, wheel_vars)
     assert proc.returncode == 0, explain(proc)
     return proc
+
+
+def offload_and_baseline_lab(lab_factory: Callable[..., LabHosts], **common_vars: Any) -> LabHosts:
+    """Two hosts on the service-manager double, as an A/B deploys them: OFFLOAD runs the offload
+    variant and BASELINE the baseline; `common_vars` go to both (as group_vars would)."""
+    return lab_factory(
+        hosts=2,
+        variants={OFFLOAD: {"SYSTEMD": "double"}, BASELINE: {"SYSTEMD": "double"}},
+        host_vars={
+            host: {"vllm_lmcache_variant": variant, "kvops_role": variant, **common_vars}
+            for host, variant in ((OFFLOAD, "offload"), (BASELINE, "baseline"))
+        },
+    )

@@ -31,7 +31,15 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_lab import DEPLOY_VARS, run_deploy, served_wheelhouse, site_then_deploy
+from deploy_lab import (
+    BASELINE,
+    DEPLOY_VARS,
+    OFFLOAD,
+    offload_and_baseline_lab,
+    run_deploy,
+    served_wheelhouse,
+    site_then_deploy,
+)
 from installed_collection import INSTALLED_PATH, REPO, install_collection
 from lab_harness import LabHosts
 from site_lab import SITE_VARS, explain, recap, run_site
@@ -39,21 +47,13 @@ from test_validate_lab import VALIDATE_VARS
 
 pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
 
-OFFLOAD, BASELINE = "kvlab-1", "kvlab-2"
 ENV_FILE = "/etc/kvops/vllm.env"
 GATE_TASK = "TASK [Kvops | Gate the batch on kvops validation]"
 
 
 @pytest.fixture(scope="module")
 def deploy_lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
-    return lab_factory(
-        hosts=2,
-        variants={OFFLOAD: {"SYSTEMD": "double"}, BASELINE: {"SYSTEMD": "double"}},
-        host_vars={
-            OFFLOAD: {"vllm_lmcache_variant": "offload", "kvops_role": "offload"},
-            BASELINE: {"vllm_lmcache_variant": "baseline", "kvops_role": "baseline"},
-        },
-    )
+    return offload_and_baseline_lab(lab_factory)
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,13 @@ from typing import Any
 import pytest
 import yaml
 from deploy_lab import (
+    BASELINE,
     DEPLOY_VARS,
     GDS_DIR,
+    OFFLOAD,
     SERVICE,
     SERVICE_UID,
+    offload_and_baseline_lab,
     run_deploy,
     served_wheelhouse,
     site_then_deploy,
@@ -33,7 +36,6 @@ from site_lab import SITE_VARS, explain, recap
 
 pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
 
-OFFLOAD, BASELINE = "kvlab-1", "kvlab-2"
 # One host prunes the store (roles/vllm_lmcache/README.md, "Pruning the store"): the same
 # values on every host, as group_vars would give them.
 PRUNE = {"vllm_lmcache_prune_host": OFFLOAD, "vllm_lmcache_prune_max_bytes": "64G"}
@@ -42,14 +44,7 @@ PRUNE_UNITS = "/etc/systemd/system/kvops-gds-prune"
 
 @pytest.fixture(scope="module")
 def deploy_lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
-    return lab_factory(
-        hosts=2,
-        variants={OFFLOAD: {"SYSTEMD": "double"}, BASELINE: {"SYSTEMD": "double"}},
-        host_vars={
-            OFFLOAD: {"vllm_lmcache_variant": "offload", "kvops_role": "offload", **PRUNE},
-            BASELINE: {"vllm_lmcache_variant": "baseline", "kvops_role": "baseline", **PRUNE},
-        },
-    )
+    return offload_and_baseline_lab(lab_factory, **PRUNE)
 
 
 @pytest.fixture(scope="module")
