@@ -318,6 +318,8 @@ def load_inventory(
         raise InventoryError(f"ansible-inventory did not answer within {timeout_s:.0f} s") from exc
     if proc.returncode != 0:
         msg = _ansible_error(proc.stderr) or f"exit {proc.returncode}"
+        if "no vault secrets" in msg:
+            msg += " (give --vault-password-file or --vault-id, or set ANSIBLE_VAULT_PASSWORD_FILE)"
         raise InventoryError(f"ansible-inventory failed: {msg}")
     try:
         data = json.loads(proc.stdout)

@@ -277,3 +277,14 @@ def test_bad_values_are_usage_errors_naming_host_and_variable(
     assert message in str(caught.value) and caught.value.rc == 2
     if var != "ansible_ssh_common_args":  # a hop is named by itself
         assert str(caught.value).startswith("gpu-07: ")
+
+
+def test_a_vaulted_group_vars_file_without_a_password_names_the_ways_to_give_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shipped example encrypts whole group_vars files: ansible-inventory cannot read them
+    at all without a secret, and the error says how to give one (never prompts)."""
+    monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
+    example = Path(__file__).parents[2] / "inventories" / "example"
+    with pytest.raises(InventoryError, match="--vault-password-file or --vault-id, or set"):
+        load_inventory([str(example)], limit="gpu-node-01")
