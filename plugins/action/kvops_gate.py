@@ -42,11 +42,19 @@ _VAR_PREFIXES = ("kvops_", "ansible_host", "ansible_port", "ansible_user")
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(("storage_bench", "fail_on_finding"))
+    # Ansible's own check and conversion of the task's options: `fail_on_finding: "{{ x }}"`
+    # templated to the string "False" is the boolean false, and a value that is no boolean
+    # fails the task naming the option, instead of counting as true.
+    _ARGUMENT_SPEC = {
+        "storage_bench": {"type": "bool", "default": False},
+        "fail_on_finding": {"type": "bool", "default": True},
+    }
 
     def run(self, tmp: Any = None, task_vars: Any = None) -> dict[str, Any]:
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         result["changed"] = False
+        _, args = self.validate_argument_spec(argument_spec=self._ARGUMENT_SPEC)
         try:
             from kvops import __version__
             from kvops.remote.inventory import (
@@ -71,7 +79,7 @@ class ActionModule(ActionBase):
         }
         host = InventoryHost(name, vars=host_vars)
         try:
-            bench = bool(self._task.args.get("storage_bench", False))
+            bench = bool(args["storage_bench"])
             settings = probe_settings(host, bench)
             config = probe_config(host, settings, probe_options(host), 120.0)
         except Exception as exc:  # a host variable kvops cannot read (the message names it)
@@ -109,7 +117,7 @@ class ActionModule(ActionBase):
         result["fails"] = fails
         if fails:
             result["msg"] = f"{name}: validation FAILed: " + "; ".join(fails)
-            if self._task.args.get("fail_on_finding", True):
+            if args["fail_on_finding"]:
                 result["failed"] = True
             else:  # an ok result: Ansible keeps its stats for the recap (per host)
                 result["ansible_stats"] = {
