@@ -9,7 +9,7 @@ machines: the four dependency collections (ansible.posix, community.general, ...
 ``ansible_collections`` of its Python path after the configured paths:
 https://docs.ansible.com/ansible/latest/reference_appendices/config.html#collections-paths).
 Used by tests/integration/test_collection_build.py, tests/lab/test_site_collection.py and
-tests/lab/test_collection_deploy_lab.py.
+tests/lab/test_deploy_collection.py.
 """
 
 from __future__ import annotations

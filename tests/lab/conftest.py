@@ -2,6 +2,10 @@
 
 ``lab``          session: 3 hosts (kvlab-1..3) shared by the roles' lab tests.
 ``lab_factory``  session: start more, private labs (own slot, own hosts); all torn down at end.
+``deploy_lab``   session: the two-host A/B lab (an offload and a baseline host) that
+                 test_deploy.py and then test_deploy_collection.py deploy to; ``wheel_vars``
+                 serves it the kvops wheel and ``deployed`` converges it once (site.yml and
+                 deploy.yml).
 
 Without root / network namespaces / unshare the lab tier skips with the reason; in CI
 (tests/ci_rule.py) it fails instead, because CI must run it.
@@ -11,11 +15,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from ci_rule import unavailable
+from deploy_lab import PRUNE, offload_and_baseline_lab, served_wheelhouse, site_then_deploy
 from lab_harness import LabHosts, LabSession
 
 from kvops.lab.lab import missing_prerequisites
@@ -77,6 +83,29 @@ def lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
 def lab_hosts(lab: LabHosts) -> LabHosts:
     """Alias of ``lab``."""
     return lab
+
+
+@pytest.fixture(scope="session")
+def deploy_lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
+    """The A/B lab, converged once for two modules (each converge is the most of their time):
+    test_deploy.py leaves it deployed as it found it, test_deploy_collection.py (after it in
+    file order, both in the lab-own group) rolls changes out on it."""
+    return offload_and_baseline_lab(lab_factory, **PRUNE)
+
+
+@pytest.fixture(scope="session")
+def wheel_vars(
+    deploy_lab: LabHosts, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """The kvops wheel served on the A/B lab's bridge for the role's pip task (modules with a
+    lab of their own define their own)."""
+    with served_wheelhouse(deploy_lab, tmp_path_factory.mktemp("wheelhouse")) as extra:
+        yield extra
+
+
+@pytest.fixture(scope="session")
+def deployed(deploy_lab: LabHosts, wheel_vars: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return site_then_deploy(deploy_lab, wheel_vars)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

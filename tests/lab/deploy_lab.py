@@ -27,6 +27,9 @@ SERVICE = "vllm"
 UNIT_LOG = f"/var/log/kvops-test-doubles/units/{SERVICE}.service.log"
 SERVICE_UID = 990
 OFFLOAD, BASELINE = "kvlab-1", "kvlab-2"
+# One host prunes the store (roles/vllm_lmcache/README.md, "Pruning the store"): the same
+# values on every host, as group_vars would give them.
+PRUNE = {"vllm_lmcache_prune_host": OFFLOAD, "vllm_lmcache_prune_max_bytes": "64G"}
 
 
 @contextmanager

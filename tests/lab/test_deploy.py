@@ -13,7 +13,6 @@ import shlex
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,38 +25,14 @@ from deploy_lab import (
     OFFLOAD,
     SERVICE,
     SERVICE_UID,
-    offload_and_baseline_lab,
     run_deploy,
-    served_wheelhouse,
-    site_then_deploy,
 )
 from lab_harness import LabHosts
 from site_lab import SITE_VARS, explain, recap
 
 pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
 
-# One host prunes the store (roles/vllm_lmcache/README.md, "Pruning the store"): the same
-# values on every host, as group_vars would give them.
-PRUNE = {"vllm_lmcache_prune_host": OFFLOAD, "vllm_lmcache_prune_max_bytes": "64G"}
 PRUNE_UNITS = "/etc/systemd/system/kvops-gds-prune"
-
-
-@pytest.fixture(scope="module")
-def deploy_lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
-    return offload_and_baseline_lab(lab_factory, **PRUNE)
-
-
-@pytest.fixture(scope="module")
-def wheel_vars(
-    deploy_lab: LabHosts, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
-    with served_wheelhouse(deploy_lab, tmp_path_factory.mktemp("wheelhouse")) as extra:
-        yield extra
-
-
-@pytest.fixture(scope="module")
-def deployed(deploy_lab: LabHosts, wheel_vars: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    return site_then_deploy(deploy_lab, wheel_vars)
 
 
 def _completion(lab: LabHosts, host: str, prompt_words: int = 1200) -> dict[str, Any]:

@@ -25,7 +25,6 @@ import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +34,7 @@ from deploy_lab import (
     BASELINE,
     DEPLOY_VARS,
     OFFLOAD,
-    offload_and_baseline_lab,
     run_deploy,
-    served_wheelhouse,
-    site_then_deploy,
 )
 from installed_collection import INSTALLED_PATH, REPO, install_collection
 from lab_harness import LabHosts
@@ -49,24 +45,6 @@ pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
 
 ENV_FILE = "/etc/kvops/vllm.env"
 GATE_TASK = "TASK [Kvops | Gate the batch on kvops validation]"
-
-
-@pytest.fixture(scope="module")
-def deploy_lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
-    return offload_and_baseline_lab(lab_factory)
-
-
-@pytest.fixture(scope="module")
-def wheel_vars(
-    deploy_lab: LabHosts, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
-    with served_wheelhouse(deploy_lab, tmp_path_factory.mktemp("wheelhouse")) as extra:
-        yield extra
-
-
-@pytest.fixture(scope="module")
-def deployed(deploy_lab: LabHosts, wheel_vars: dict[str, Any]) -> None:
-    site_then_deploy(deploy_lab, wheel_vars)
 
 
 def _env_lines(lab: LabHosts, host: str) -> list[str]:
