@@ -10,7 +10,8 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -121,6 +122,16 @@ class LabHosts:
         )
 
     # ---- SSH ------------------------------------------------------------------------------
+    @contextmanager
+    def module_unloaded(self, name: str, module: str) -> Iterator[None]:
+        """`modprobe -r MODULE` on host NAME for the block, loaded again however it ends (the
+        lab's module double: tests/lab/doubles)."""
+        self.ssh(name, ["modprobe", "-r", module], sudo=True)
+        try:
+            yield
+        finally:
+            self.ssh(name, ["modprobe", module], sudo=True)
+
     def ssh(
         self,
         name: str,

@@ -151,3 +151,13 @@ def failure_messages(proc: subprocess.CompletedProcess[str]) -> str:
             except ValueError:
                 msgs.append(line)
     return "\n".join(msgs)
+
+
+def gate_env(junit_dir: Path) -> dict[str, str]:
+    """The environment of a play with the rollout gate: the gate judges with this checkout's
+    kvops, and Ansible's junit callback writes the play's results under `junit_dir`."""
+    return {
+        "PYTHONPATH": str(REPO_ROOT),
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.junit",
+        "JUNIT_OUTPUT_DIR": str(junit_dir),
+    }

@@ -38,7 +38,7 @@ from deploy_lab import (
 )
 from installed_collection import INSTALLED_PATH, REPO, install_collection
 from lab_harness import LabHosts
-from site_lab import SITE_VARS, explain, recap, run_site
+from site_lab import SITE_VARS, explain, gate_env, recap, run_site
 from test_validate_lab import VALIDATE_VARS
 
 pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
@@ -62,19 +62,12 @@ def test_the_gate_stops_a_deploy_rollout_at_the_batch_of_a_broken_host(
         "vllm_lmcache_env": {"KVOPS_ROLLOUT": "gate-test"},
     }
     junit = tmp_path / "junit"
-    env = {
-        "PYTHONPATH": str(REPO),  # the gate judges with this checkout's kvops
-        "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.junit",
-        "JUNIT_OUTPUT_DIR": str(junit),
-    }
+    env = gate_env(junit)
     assert marker not in _env_lines(deploy_lab, OFFLOAD) + _env_lines(deploy_lab, BASELINE)
-    deploy_lab.ssh(OFFLOAD, ["modprobe", "-r", "rpcrdma"], sudo=True)
-    try:
+    with deploy_lab.module_unloaded(OFFLOAD, "rpcrdma"):
         broken = run_deploy(
             deploy_lab, wheel_vars, "-i", str(VALIDATE_VARS), extra_vars=rollout, env=env
         )
-    finally:
-        deploy_lab.ssh(OFFLOAD, ["modprobe", "rpcrdma"], sudo=True)
     assert broken.returncode != 0, explain(broken)
     counts = recap(broken)
     assert counts[OFFLOAD]["failed"] == 1, explain(broken)

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 from installed_collection import BIN, REPO, install_collection
 from lab_harness import LabHosts
-from site_lab import SITE_VARS, converge_hosts, converged, explain, recap, run_site
+from site_lab import SITE_VARS, converge_hosts, converged, explain, gate_env, recap, run_site
 from test_validate_lab import VALIDATE_VARS
 
 from kvops.remote.inventory import load_inventory, probe_options, probe_settings
@@ -162,18 +162,11 @@ def test_the_gate_stops_a_site_rollout_at_the_batch_of_a_broken_host(
     converged(lab)
     first, second = converge_hosts(lab)
     junit = tmp_path / "junit"
-    env = {
-        "PYTHONPATH": str(REPO),  # the gate judges with this checkout's kvops
-        "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.junit",
-        "JUNIT_OUTPUT_DIR": str(junit),
-    }
+    env = gate_env(junit)
     args = ["-i", str(VALIDATE_VARS), "--tags", "kvops_gate"]
     gate = {"kvops_site_gate": True, "kvops_site_serial": 1}
-    lab.ssh(first, ["modprobe", "-r", "rpcrdma"], sudo=True)
-    try:
+    with lab.module_unloaded(first, "rpcrdma"):
         broken = run_site(lab, *args, extra_vars=gate, env=env)
-    finally:
-        lab.ssh(first, ["modprobe", "rpcrdma"], sudo=True)
     assert broken.returncode != 0, explain(broken)
     counts = recap(broken)
     assert counts[first]["failed"] == 1, explain(broken)

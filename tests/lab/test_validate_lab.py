@@ -138,16 +138,15 @@ def test_validate_healthy_and_deliberately_wrong_hosts(lab: LabHosts, tmp_path: 
     allow = 's/"allow_compat_mode": *false/"allow_compat_mode": true/'
     lab.ssh(compat, ["sed", "-i", allow, CUFILE], sudo=True)  # sed -i keeps owner and mode
     assert lab.read_file(compat, CUFILE) != cufile, cufile
-    lab.ssh(compat, ["modprobe", "-r", "rpcrdma"], sudo=True)
     try:
-        proc = validate(
-            lab, "--limit", f"{healthy},{compat},{WRONG}", "--json", "--timeout", "90",
-            "--save-evidence", str(evidence),
-        )  # fmt: skip
+        with lab.module_unloaded(compat, "rpcrdma"):
+            proc = validate(
+                lab, "--limit", f"{healthy},{compat},{WRONG}", "--json", "--timeout", "90",
+                "--save-evidence", str(evidence),
+            )  # fmt: skip
     finally:
         forbid = 's/"allow_compat_mode": *true/"allow_compat_mode": false/'
         lab.ssh(compat, ["sed", "-i", forbid, CUFILE], sudo=True)
-        lab.ssh(compat, ["modprobe", "rpcrdma"], sudo=True)
     assert lab.read_file(compat, CUFILE) == cufile
     assert proc.stdout, proc.stderr
     report = json.loads(proc.stdout)
