@@ -29,7 +29,7 @@ description:
     findings in C(findings).
   - The probe settings come from the host's variables (C(kvops_role), C(kvops_gds_dir), C(kvops_probe_roots), ...)
     exactly as C(kvops validate) reads them.
-  - With O(fail_on_finding=false) the host does not fail here: its FAIL findings are in C(fails) and, as per-host
+  - With O(fail_on_finding=false) the host does not fail here; its FAIL findings are in C(fails) and, as per-host
     custom stats (key C(kvops_gate_fail)), in the play recap when C(show_custom_stats) is on; a later task fails
     the host. Ansible drops the stats of a failed task, so this is how the findings reach the recap.
   - Needs the kvops Python package on the controller.
