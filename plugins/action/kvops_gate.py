@@ -79,7 +79,7 @@ class ActionModule(ActionBase):
         }
         host = InventoryHost(name, vars=host_vars)
         try:
-            bench = bool(args["storage_bench"])
+            bench = args["storage_bench"]
             settings = probe_settings(host, bench)
             config = probe_config(host, settings, probe_options(host), 120.0)
         except Exception as exc:  # a host variable kvops cannot read (the message names it)

@@ -211,12 +211,11 @@ def test_ab_test_prefix_handoff_measures_cross_instance_hits(
     """Each prefix's first request goes to one host and its reuse to the other: the reuse is a
     hit on the other host, counted by that host's own counters."""
     a, b = _url(fleet, HOST_A), _url(fleet, HOST_B)
-    workload = FLEET_WORKLOAD
     out = tmp_path / "ab-fleet"
     kvops = str(Path(sys.executable).parent / "kvops")
     proc = subprocess.run(
         [kvops, "ab-test", "--arm", f"baseline={local_baseline}", "--arm", f"offload={a},{b}",
-         "--route", "prefix-handoff", "--workload", str(workload), "--trials", "2",
+         "--route", "prefix-handoff", "--workload", str(FLEET_WORKLOAD), "--trials", "2",
          "--warmup-iterations", "0", "--out", str(out)],
         capture_output=True, text=True, timeout=600, env=fleet.env(),
     )  # fmt: skip
