@@ -29,7 +29,10 @@ from kvops.parse.prometheus import parse_prometheus_text
 if TYPE_CHECKING:
     from conftest import Engine
 
-pytestmark = pytest.mark.timeout(1500)  # the first test may pay for the engine install
+pytestmark = [
+    pytest.mark.timeout(1500),  # the first test may pay for the engine install
+    pytest.mark.timing,  # every test judges A/B verdicts measured beside the lab's load
+]
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 RUNS = Path(__file__).resolve().parents[2] / "runs" / "engine"

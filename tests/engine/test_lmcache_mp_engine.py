@@ -341,6 +341,14 @@ def test_store_retrieve_and_a_first_request_hit_from_the_file_tier_after_a_resta
     assert _fallback_lines(server.log_text()) == []
     assert _fallback_lines(mp.engine.log_text()) == []
 
+
+@pytest.mark.timing  # its exit status includes the TTFT drop, measured beside the lab's load
+def test_kvops_smoke_reads_the_servers_counters_and_its_file_tier(
+    mp: MpDeployment, kvops_cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    """After the restart above (the module's order): smoke's own fresh prompts."""
+    server = mp.server
+    assert mp.engine is not None
     # kvops smoke reads LMCache's counters from the server (vLLM's /metrics has no lmcache:*)
     done = kvops_cli(
         "smoke",
@@ -356,8 +364,9 @@ def test_store_retrieve_and_a_first_request_hit_from_the_file_tier_after_a_resta
     )
     doc = json.loads(done.stdout)
     items = {item["name"]: item["status"] for item in doc["items"]}
+    # the items first (the evidence after them is long): a failing one must show in the message
     assert done.returncode == 0 and items["stored_tokens"] == items["retrieved_tokens"] == "PASS", (
-        done.stdout[-3000:] + done.stderr[-2000:]
+        json.dumps(doc["items"], indent=1) + done.stderr[-2000:]
     )
     # and counts the new objects of the server's file tier (the fs L2 adapter's *.data files)
     files_item = next(i for i in doc["items"] if i["name"] == "chunk_files")

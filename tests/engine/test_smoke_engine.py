@@ -30,6 +30,7 @@ def _items(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
     return {i["name"]: i for i in doc["items"]}
 
 
+@pytest.mark.timing  # its exit status includes the TTFT drop
 def test_smoke_passes_on_the_offload_engine(offload_engine: Engine, kvops_cli: Cli) -> None:
     assert offload_engine.kv_dir is not None
     proc = kvops_cli(
@@ -71,6 +72,7 @@ def test_smoke_passes_on_the_offload_engine(offload_engine: Engine, kvops_cli: C
     assert items["service_log"]["status"] == "PASS", items["service_log"]
 
 
+@pytest.mark.timing  # its exit status includes the TTFT drop
 def test_smoke_evicts_with_fillers_sized_from_the_metrics(
     offload_engine: Engine, kvops_cli: Cli
 ) -> None:
