@@ -165,6 +165,32 @@ def slowest(times: Sequence[CaseTime], count: int = SLOWEST) -> list[CaseTime]:
     return sorted(times, key=lambda t: (-t.seconds, t.nodeid))[:count]
 
 
+@dataclass(frozen=True)
+class TierTime:
+    tier: str
+    tests: int
+    seconds: float
+
+
+def tier_times(times: Sequence[CaseTime]) -> list[TierTime]:
+    """Each tier's test count and summed test time (RUN_ORDER, then "other"), from the test
+    cases' ids (``tests.<tier>.<module>::name``, the layout tests/conftest.py marks by): the
+    README's table gives them, and a tier that grows shows here first."""
+    count: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    for t in times:
+        parts = t.nodeid.split("::", 1)[0].split(".")
+        tier = (
+            parts[1]
+            if len(parts) > 2 and parts[0] == "tests" and parts[1] in RUN_ORDER
+            else "other"
+        )
+        count[tier] = count.get(tier, 0) + 1
+        seconds[tier] = seconds.get(tier, 0.0) + t.seconds
+    order = [*RUN_ORDER, "other"]
+    return [TierTime(tier, count[tier], seconds[tier]) for tier in order if tier in count]
+
+
 def _niced(niceness: int) -> Callable[[], None] | None:
     """What the child runs before pytest: lower its own priority by ``niceness``."""
     if niceness == 0:
@@ -301,6 +327,9 @@ def run(
         _write(f"\nslowest {SLOWEST} tests of the whole suite (setup + call + teardown):\n")
         for t in slowest(times):
             _write(f"{t.seconds:9.2f} s  {t.nodeid}  [{t.group}]\n")
+        _write("\neach tier's tests, their time summed (the groups ran side by side):\n")
+        for tier in tier_times(times):
+            _write(f"{tier.tier:<12} {tier.tests:6,} tests  {tier.seconds:8.0f} s\n")
     if received:
         return 128 + received[0]
     return combined_returncode([g.returncode if g.returncode is not None else 1 for g in groups])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -14,12 +15,14 @@ from tiers import (
     PREPARE_NICENESS,
     CaseTime,
     Group,
+    TierTime,
     combined_returncode,
     group_argv,
     junit_times,
     order_by_tier,
     run,
     slowest,
+    tier_times,
 )
 
 SUITE = """
@@ -100,6 +103,21 @@ def test_slowest_orders_by_time_across_groups() -> None:
     assert [t.nodeid for t in slowest(times, 2)] == ["b::t2", "c::t3"]
 
 
+def test_each_tiers_time_is_summed_from_the_test_ids() -> None:
+    times = [
+        CaseTime("tests.unit.test_a::t1", 1.0, "rest"),
+        CaseTime("tests.lab.test_b::t2", 9.0, "lab-own"),
+        CaseTime("tests.unit.test_c::t3", 2.5, "rest"),
+        CaseTime("tests.lab.test_d::t4", 1.0, "lab-shared"),
+        CaseTime("test_suite::t5", 0.5, "rest"),
+    ]
+    assert tier_times(times) == [
+        TierTime("unit", 2, 3.5),
+        TierTime("lab", 2, 10.0),
+        TierTime("other", 1, 0.5),
+    ]
+
+
 @pytest.fixture
 def nested_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """The nested suite; its tests also check each group's niceness relative to this process."""
@@ -133,6 +151,7 @@ def test_parallel_groups_report_each_log_whole_and_the_first_failure(
     assert "tier group lab-own: exit 0" in out
     assert "tier group unit+integration+engine: exit 1" in out
     slow = out.split("slowest 20 tests of the whole suite", 1)[1].splitlines()
+    assert re.search(r"^other +4 tests +\d+ s$", out.split("each tier's tests", 1)[1], re.M)
     assert "test_suite::test_in_the_lab" in slow[1] and "[lab-shared]" in slow[1]
     assert len(junit_times(logs / "lab-shared.xml", "lab")) == 1
     assert len(junit_times(logs / "lab-own.xml", "lab")) == 1
