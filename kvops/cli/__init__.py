@@ -11,11 +11,26 @@ from __future__ import annotations
 import click
 
 from kvops import __version__
-from kvops.cli.group import KvopsGroup
+from kvops.cli.group import LazyKvopsGroup
+
+# Each command in its own module, imported when it is run (LazyKvopsGroup): one line here as
+# each lands.
+COMMANDS = {
+    "smoke": "kvops.cli.smoke:smoke",
+    "parse": "kvops.cli.parse:parse",
+    "validate": "kvops.cli.validate:validate",
+    "lab": "kvops.cli.lab:lab",
+    "ab-test": "kvops.cli.ab_test:ab_test",
+    "sim": "kvops.cli.sim:sim",
+    "advise": "kvops.cli.advise:advise",
+    "gds": "kvops.cli.gds:gds",
+    "explain": "kvops.cli.explain:explain",
+}
 
 
 @click.group(
-    cls=KvopsGroup,
+    cls=LazyKvopsGroup,
+    lazy_commands=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 @click.version_option(__version__, prog_name="kvops")
@@ -28,42 +43,3 @@ def main() -> None:
     Prove       kvops smoke --url URL;  kvops ab-test --arm baseline=URL --arm offload=URL
     Predict     kvops advise TRACE|PRESET;  kvops advise sizing --prefix-tokens T --num-prefixes K
     """
-
-
-# Commands are registered below, one line each, as they land.
-
-from kvops.cli.smoke import smoke  # noqa: E402
-
-main.add_command(smoke)
-
-from kvops.cli.parse import parse  # noqa: E402
-
-main.add_command(parse)
-
-from kvops.cli.validate import validate  # noqa: E402
-
-main.add_command(validate)
-
-from kvops.cli.lab import lab  # noqa: E402
-
-main.add_command(lab)
-
-from kvops.cli.ab_test import ab_test  # noqa: E402
-
-main.add_command(ab_test)
-
-from kvops.cli.sim import sim  # noqa: E402
-
-main.add_command(sim)
-
-from kvops.cli.advise import advise  # noqa: E402
-
-main.add_command(advise)
-
-from kvops.cli.gds import gds  # noqa: E402
-
-main.add_command(gds)
-
-from kvops.cli.explain import explain  # noqa: E402
-
-main.add_command(explain)
