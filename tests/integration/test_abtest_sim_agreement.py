@@ -56,6 +56,7 @@ def _sim_run(*extra: str) -> dict[str, dict[str, float]]:
     return doc
 
 
+@pytest.mark.timing  # measured wall-clock ratios judged beside the lab groups' load
 @pytest.mark.timeout(240)
 def test_embedded_ab_test_agrees_with_sim_run(tmp_path: Path) -> None:
     doc, sim = _ab_test(tmp_path), _sim_run()

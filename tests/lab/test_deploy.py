@@ -380,6 +380,7 @@ def _deploys(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "deploys.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.timing  # the verdict rests on TTFTs and throughput measured beside the other groups
 def test_ab_test_deploy_shows_the_offload_gain_on_many_shared_prefixes(
     deploy_lab: LabHosts,
     wheel_vars: dict[str, Any],
