@@ -30,3 +30,14 @@ def unavailable(reason: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"{reason} (CI: this test must run, not skip)", pytrace=False)
     pytest.skip(reason)
+
+
+# The reason a `timing` test gives when the machine was too loaded to judge it: such a test is
+# rerun once on it (tests/conftest.py), as after a failed timing assertion.
+TOO_BUSY = "too busy to judge timing"
+
+
+def too_busy(reason: str) -> NoReturn:
+    """The machine was too busy for this timing to mean anything: `unavailable`, with the reason
+    a `timing` test's rerun recognises."""
+    unavailable(f"{TOO_BUSY}: {reason}")

@@ -23,6 +23,10 @@ iterations: 3
 """
 
 
+# Judged on wall-clock timings beside the lab groups: each metric's 95% interval, over 4 paired
+# trials, lies beyond +-2% by chance in a few runs in a hundred (one CI-mode run here read mean
+# TTFT "helps" -8.9% [-10.9%, -6.9%] with one server in both arms); a rerun makes that need two.
+@pytest.mark.timing
 @pytest.mark.timeout(600)
 def test_one_engine_against_itself_shows_no_difference(tmp_path: Path) -> None:
     workload = tmp_path / "w.yaml"

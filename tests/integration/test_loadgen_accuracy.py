@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from ci_rule import unavailable
+from ci_rule import too_busy
 from doubles.fixed_delay_server import read_timing_log, running
 
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session
@@ -123,29 +123,40 @@ def _measure(
     return timing, judge_client(stats.summary(), timing.ttft_ms, None)
 
 
+# a measurement the client flagged as its own bottleneck: how many are retried, after what pause
+FLAGGED_TRIES = 6
+FLAGGED_PAUSE_S = 5.0
+
+
 def _accurate(timing: Timing) -> bool:
     return abs(timing.ttft_error_ms) < 2.0 and abs(timing.itl_error_ms) < 0.5
 
 
+@pytest.mark.timing
 def test_64_streams_ttft_and_itl_accurate(tmp_path: Path) -> None:
     """Accuracy is judged only on measurements kvops did not flag (a flagged one says itself
-    that its timing is not to be trusted). Up to three measurements: a systematic timing error
-    fails every unflagged one, while a burst of CPU contention from the tests before this one
-    (the load average trails by a minute) does not decide the verdict on its own. If the client
-    was the bottleneck every time the machine is too busy to judge: skip, or fail in CI."""
+    that its timing is not to be trusted). Up to three judged measurements: a systematic timing
+    error fails every unflagged one, while a burst of CPU contention from the tests before this
+    one (the load average trails by a minute) does not decide the verdict on its own. A flagged
+    measurement is retried after a pause, up to FLAGGED_TRIES of them (the lab groups of `make
+    test` load this machine in bursts); if the client was the bottleneck every time, the machine
+    is too busy to judge: skip, or in CI fail and rerun once (tests/conftest.py)."""
     judged_runs: list[tuple[Timing, dict[str, object]]] = []
-    for attempt in range(3):
-        timing, judged = _measure(64, 256, tmp_path / f"try{attempt}")
+    flagged = 0
+    while len(judged_runs) < 3 and flagged < FLAGGED_TRIES:
+        timing, judged = _measure(64, 256, tmp_path / f"try{len(judged_runs) + flagged}")
         if judged["bottleneck"]:
+            flagged += 1
+            time.sleep(FLAGGED_PAUSE_S)
             continue
         judged_runs.append((timing, judged))
         if _accurate(timing):
             break
     if not judged_runs:
         load, cpus = os.getloadavg()[0], os.cpu_count() or 1
-        unavailable(
-            f"the client was the bottleneck in all 3 runs (load {load:.1f} on {cpus} CPUs): "
-            f"{judged['bottleneck_reason']}"
+        too_busy(
+            f"the client was the bottleneck in all {flagged} runs (load {load:.1f} on {cpus} "
+            f"CPUs): {judged['bottleneck_reason']}"
         )
     timing, judged = judged_runs[-1]
     assert abs(timing.ttft_error_ms) < 2.0, f"unflagged yet wrong: {timing} ({judged})"

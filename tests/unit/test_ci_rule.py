@@ -76,3 +76,63 @@ def test_outside_ci_the_same_skips_stay_skips(
     result = _pytest(pytester, monkeypatch, "", test_subject=SKIPPING_MODULE)
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.assert_outcomes(passed=1, skipped=3, xfailed=1)
+
+
+# Each test counts its runs in a file: the first run fails, a rerun passes.
+TIMING_MODULE = """
+import pytest
+from pathlib import Path
+from ci_rule import too_busy
+
+def _first_run(name):
+    marker = Path(name)
+    first = not marker.exists()
+    marker.write_text("ran")
+    return first
+
+@pytest.mark.timing
+def test_busy_then_judged():
+    if _first_run("busy"):
+        too_busy("load 3.7 on 2 CPUs")
+
+@pytest.mark.timing
+def test_noisy_then_fine():
+    assert not _first_run("noisy"), "TTFT drop 12% (needed 20%)"
+
+@pytest.mark.timing
+def test_a_real_regression():
+    assert False, "TTFT drop 0%"
+
+@pytest.fixture
+def engine():
+    raise RuntimeError("engine failed to start")
+
+@pytest.mark.timing
+def test_a_set_up_error(engine):
+    pass
+
+def test_not_timing():
+    assert not _first_run("untimed")
+"""
+
+
+def test_in_ci_a_timing_test_is_rerun_once_after_a_busy_machine_or_a_failed_timing(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `make test` relies on to judge timings beside the lab groups: one rerun after a
+    timing assertion or a machine too busy to judge; never for a set-up error or an unmarked
+    test; a test that fails twice fails."""
+    monkeypatch.setenv("KVOPS_TIMING_RERUN_DELAY_S", "0")
+    monkeypatch.chdir(pytester.path)
+    result = _pytest(pytester, monkeypatch, "true", test_timing=TIMING_MODULE)
+    outcomes = result.parseoutcomes()
+    out = result.stdout.str()
+    assert (outcomes.get("passed"), outcomes.get("failed"), outcomes.get("errors")) == (
+        2,
+        2,
+        1,
+    ), out
+    # the busy one, the noisy one and the regression's first run
+    assert outcomes.get("rerun") == 3, out
+    assert "FAILED test_timing.py::test_a_real_regression" in out
+    assert "FAILED test_timing.py::test_not_timing" in out
