@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from measuring import ahead_of_the_lab_groups
 
 from kvops.abtest.predict import predict_run
 from kvops.abtest.rundir import RunDir
@@ -59,7 +60,9 @@ def _sim_run(*extra: str) -> dict[str, dict[str, float]]:
 @pytest.mark.timing  # measured wall-clock ratios judged beside the lab groups' load
 @pytest.mark.timeout(240)
 def test_embedded_ab_test_agrees_with_sim_run(tmp_path: Path) -> None:
-    doc, sim = _ab_test(tmp_path), _sim_run()
+    with ahead_of_the_lab_groups():  # the embedded engines' wall-clock timing is judged
+        doc = _ab_test(tmp_path)
+    sim = _sim_run()
     modelled = _ratios(sim, (*METRICS, "mean_itl_ms"))
     # offload pays here at all (a sign error would also "agree" within 15% of a flat result)
     assert modelled["total_token_throughput_tok_s"] > 1.5, modelled

@@ -12,18 +12,17 @@ server that did not keep its timing at all."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import statistics
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from ci_rule import too_busy
 from doubles.fixed_delay_server import read_timing_log, running
+from measuring import ahead_of_the_lab_groups
 
 from kvops.loadgen import CompletionRequest, Endpoint, RequestRecord, make_session
 from kvops.loadgen.runner import (
@@ -111,36 +110,13 @@ def _timing(records: list[RequestRecord], log_dir: Path) -> Timing:
     )
 
 
-# While a measurement runs, the client and the double it starts run ahead of `make test`'s
-# niced lab groups (tests/tiers.py): what is judged is kvops' own timing error, not how long the
-# scheduler let the neighbours' Ansible runs hold the 2 cores. Raising a priority needs root
-# (CAP_SYS_NICE, https://man7.org/linux/man-pages/man2/setpriority.2.html); elsewhere the
-# measurement runs at its inherited priority, and a client delayed by its neighbours still flags
-# itself as the bottleneck.
-MEASURING_NICE = -10
-
-
-@contextlib.contextmanager
-def _ahead_of_the_lab_groups() -> Iterator[None]:
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, MEASURING_NICE)
-    except PermissionError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.setpriority(os.PRIO_PROCESS, 0, before)
-
-
 def _measure(
     streams: int, requests: int, log_dir: Path, busy_client: bool = False
 ) -> tuple[Timing, dict[str, object]]:
     log_dir.mkdir()
     # two server processes: the double is not the limit
     with (
-        _ahead_of_the_lab_groups(),
+        ahead_of_the_lab_groups(),
         running("--timing-log", str(log_dir), processes=2) as (url, _),
     ):
         records, stats = asyncio.run(_closed_loop(url, streams, requests, 8, busy_client))
