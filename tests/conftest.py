@@ -11,9 +11,10 @@ import os
 from collections.abc import Generator
 from pathlib import Path
 
+import cpu_account
 import pytest
 from ci_rule import TOO_BUSY, in_ci
-from tiers import order_by_tier
+from tiers import CPU_PROPERTY, order_by_tier
 
 pytest_plugins = ["pytester"]  # tests/unit/test_ci_rule.py runs this conftest in-process
 
@@ -67,6 +68,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(TIMING_RERUN)
 
 
+_CPU_CGROUP = cpu_account.from_environment()  # set when tests/tiers.py accounts this group
+_CPU_AT_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """Note the group's CPU counter before the test's set-up (its reruns included)."""
+    if _CPU_CGROUP is not None:
+        start = _CPU_CGROUP.usage_s()
+        if start is not None:
+            item.stash[_CPU_AT_START] = start
+    return (yield)
+
+
+def _record_cpu(item: pytest.Item, report: pytest.TestReport) -> None:
+    """The test's CPU-seconds as a JUnit property (``cpu_s``), written with its teardown:
+    everything its group's processes used from its set-up to its teardown (tests/tiers.py
+    prints the costliest). Only its own group's processes count, not the other groups'."""
+    start = item.stash.get(_CPU_AT_START, None)
+    end = _CPU_CGROUP.usage_s() if _CPU_CGROUP is not None else None
+    if start is not None and end is not None:
+        report.user_properties.append((CPU_PROPERTY, f"{end - start:.1f}"))
+
+
 def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     """The reason pytest recorded for a skip (its longrepr is (path, line, "Skipped: why"))."""
     longrepr = report.longrepr
@@ -79,11 +104,14 @@ def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """In CI a skipped test (not an expected failure) fails with the reason it gave."""
+    """In CI a skipped test (not an expected failure) fails with the reason it gave; the
+    teardown's report carries the test's CPU-seconds."""
     report = yield
     if report.skipped and in_ci() and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, where every test must run: {skip_reason(report)}"
+    if call.when == "teardown":
+        _record_cpu(item, report)
     return report
 
 

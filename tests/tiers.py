@@ -9,7 +9,11 @@ time), and unit + integration + engine. Each writes its
 whole output (with its own ``--durations=20``) to a log that is printed in one piece when that
 process ends, so they never interleave; the end is a summary per
 group and the slowest 20 tests of the whole suite, read from each group's JUnit XML
-(https://docs.pytest.org/en/stable/how-to/output.html#creating-junitxml-format-files).
+(https://docs.pytest.org/en/stable/how-to/output.html#creating-junitxml-format-files). Where
+cgroups can be created (tests/cpu_account.py), each group runs in its own and the summary adds
+its CPU-seconds and the 20 tests that cost the most of them (tests/conftest.py records each
+test's as a JUnit property): on 2 cores the suite is CPU-bound, and what a test costs the suite
+is its CPU, not its wall time beside the other groups.
 
 Exit status: the first failing group's pytest status (1 tests failed, 2 interrupted, ...);
 pytest's 5 ("no tests collected") only when no group collected anything, so ``PYTEST_ARGS``
@@ -31,6 +35,7 @@ loudly), and one still running when every group has ended is stopped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -42,6 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import IO, Protocol
+
+import cpu_account
+from cpu_account import CpuCgroup
 
 # (name, marker expression, niceness): every tier in exactly one group (tests/conftest.py's
 # TIERS). The lab tier is two groups: its time goes mostly to waiting (SSH round trips, the lab
@@ -56,8 +64,11 @@ from typing import IO, Protocol
 # left (https://man7.org/linux/man-pages/man7/sched.7.html, "The nice value").
 #
 # For balance, the private-lab modules marked ``own_lab_b`` run in the shared lab's session (in
-# slots of their own): the deploy lab's module alone is ~11 minutes. A fourth process (a third
-# lab session) finished no sooner on 2 cores and slowed the tiers that judge timing.
+# slots of their own): the deploy lab's module alone is ~11 minutes. Measured alone, in CPU-seconds
+# (tests/cpu_account.py): the lab-own modules 684, the shared session's 825, so the absent lab
+# (46) moved to lab-own; in CI-mode runs the shared session had ended last by 60 to 100 s. A
+# fourth process (a third lab session) finished no sooner on 2 cores and slowed the tiers that
+# judge timing.
 GROUPS: tuple[tuple[str, str, int], ...] = (
     ("lab-shared", "lab and (not own_lab or own_lab_b)", 10),
     ("lab-own", "lab and own_lab and not own_lab_b", 10),
@@ -91,6 +102,7 @@ def order_by_tier(items: list[_Marked]) -> None:
 PREPARE_NICENESS = 10
 NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 SLOWEST = 20
+CPU_PROPERTY = "cpu_s"  # the JUnit property tests/conftest.py records each test's CPU-seconds in
 
 
 @dataclass
@@ -106,6 +118,8 @@ class Group:
     wall_s: float = 0.0
     returncode: int | None = None
     reported: bool = field(default=False)
+    cgroup: CpuCgroup | None = None  # tests/cpu_account.py: the group's CPU-seconds
+    cpu_s: float | None = None
 
 
 def group_argv(pytest: Sequence[str], group: Group, args: Sequence[str]) -> list[str]:
@@ -140,11 +154,12 @@ class CaseTime:
     nodeid: str
     seconds: float
     group: str
+    cpu_s: float | None = None  # the test's CPU-seconds (tests/conftest.py), where accounted
 
 
 def junit_times(path: Path, group: str) -> list[CaseTime]:
     """Each test case of a pytest JUnit XML file with its time (setup + call + teardown:
-    pytest's default ``junit_duration_report = total``)."""
+    pytest's default ``junit_duration_report = total``) and its ``cpu_s`` property."""
     if not path.exists():
         return []
     try:
@@ -156,13 +171,30 @@ def junit_times(path: Path, group: str) -> list[CaseTime]:
             f"{case.get('classname', '')}::{case.get('name', '')}",
             float(case.get("time") or 0),
             group,
+            _cpu_property(case),
         )
         for case in root.iter("testcase")
     ]
 
 
+def _cpu_property(case: ET.Element) -> float | None:
+    for prop in case.iterfind("properties/property"):
+        if prop.get("name") == CPU_PROPERTY:
+            try:
+                return float(prop.get("value") or "")
+            except ValueError:
+                return None
+    return None
+
+
 def slowest(times: Sequence[CaseTime], count: int = SLOWEST) -> list[CaseTime]:
     return sorted(times, key=lambda t: (-t.seconds, t.nodeid))[:count]
+
+
+def costliest(times: Sequence[CaseTime], count: int = SLOWEST) -> list[CaseTime]:
+    """The tests that cost the machine the most CPU-seconds (only those accounted)."""
+    accounted = [t for t in times if t.cpu_s is not None]
+    return sorted(accounted, key=lambda t: (-(t.cpu_s or 0.0), t.nodeid))[:count]
 
 
 @dataclass(frozen=True)
@@ -170,6 +202,7 @@ class TierTime:
     tier: str
     tests: int
     seconds: float
+    cpu_s: float | None = None  # summed where every test of the tier was accounted
 
 
 def tier_times(times: Sequence[CaseTime]) -> list[TierTime]:
@@ -178,6 +211,7 @@ def tier_times(times: Sequence[CaseTime]) -> list[TierTime]:
     README's table gives them, and a tier that grows shows here first."""
     count: dict[str, int] = {}
     seconds: dict[str, float] = {}
+    cpu: dict[str, float | None] = {}
     for t in times:
         parts = t.nodeid.split("::", 1)[0].split(".")
         tier = (
@@ -187,19 +221,32 @@ def tier_times(times: Sequence[CaseTime]) -> list[TierTime]:
         )
         count[tier] = count.get(tier, 0) + 1
         seconds[tier] = seconds.get(tier, 0.0) + t.seconds
+        so_far = cpu.get(tier, 0.0)
+        cpu[tier] = None if so_far is None or t.cpu_s is None else so_far + t.cpu_s
     order = [*RUN_ORDER, "other"]
-    return [TierTime(tier, count[tier], seconds[tier]) for tier in order if tier in count]
+    return [
+        TierTime(tier, count[tier], seconds[tier], cpu[tier]) for tier in order if tier in count
+    ]
 
 
-def _niced(niceness: int) -> Callable[[], None] | None:
-    """What the child runs before pytest: lower its own priority by ``niceness``."""
-    if niceness == 0:
+def _niced(niceness: int, cgroup: CpuCgroup | None = None) -> Callable[[], None] | None:
+    """What the child runs before pytest: lower its own priority by ``niceness`` and enter
+    its group's cgroup (a failure to enter leaves it unaccounted, never unstarted)."""
+    if niceness == 0 and cgroup is None:
         return None
 
     def lower() -> None:
-        os.nice(niceness)
+        if niceness:
+            os.nice(niceness)
+        if cgroup is not None:
+            with contextlib.suppress(OSError):
+                cgroup.join()
 
     return lower
+
+
+def _cpu(seconds: float | None) -> str:
+    return "" if seconds is None else f"  {seconds:7.0f} CPU-s"
 
 
 def _write(text: str) -> None:
@@ -275,6 +322,12 @@ def run(
                 group.proc.send_signal(signal.SIGTERM)
 
     previous = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    accounting = cpu_account.create(f"kvops-tiers-{os.getpid()}")
+    if isinstance(accounting, str):
+        _write(f"CPU accounting: unavailable ({accounting}); wall times only\n")
+    else:
+        for group in groups:
+            group.cgroup = accounting.child(group.name.replace("+", "-"))
     started = time.monotonic()
     preparation = None if prepare is None else _start_preparation(prepare, log_dir / "prepare.log")
     prepared_s: float | None = None
@@ -282,12 +335,16 @@ def run(
         for group in groups:
             group.log = group.log_path.open("wb")
             group.started_s = time.monotonic()
+            env = dict(os.environ)
+            if group.cgroup is not None:
+                env[cpu_account.ENV] = str(group.cgroup.path)
             group.proc = subprocess.Popen(
                 group_argv(pytest, group, args),
                 stdout=group.log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_niced(group.niceness),
+                preexec_fn=_niced(group.niceness, group.cgroup),
+                env=env,
             )
             _write(f"tier group {group.name}: started (log: {group.log_path})\n")
         while not all(g.reported for g in groups):
@@ -299,6 +356,8 @@ def run(
                     continue
                 group.returncode = rc
                 group.wall_s = time.monotonic() - group.started_s
+                if group.cgroup is not None:
+                    group.cpu_s = group.cgroup.usage_s()
                 if group.log is not None:
                     group.log.close()
                 _report(group)
@@ -317,19 +376,36 @@ def run(
                 group.log.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if not isinstance(accounting, str):
+            accounting.remove()
 
     _write("\n" + "=" * 30 + " tier groups " + "=" * 30 + "\n")
     for group in groups:
-        _write(f"{group.name:<26} exit {group.returncode}  {group.wall_s:7.0f} s\n")
-    _write(f"{'whole suite (in parallel)':<26}         {time.monotonic() - started:7.0f} s\n")
+        _write(
+            f"{group.name:<26} exit {group.returncode}  {group.wall_s:7.0f} s{_cpu(group.cpu_s)}\n"
+        )
+    accounted = [g.cpu_s for g in groups if g.cpu_s is not None]
+    whole = f"{'whole suite (in parallel)':<26}         {time.monotonic() - started:7.0f} s"
+    if accounted and len(accounted) == len(groups):
+        cores = os.cpu_count() or 1
+        total = sum(accounted)
+        whole += f"{_cpu(total)} ({total / cores:.0f} s of work for each of {cores} cores)"
+    _write(whole + "\n")
     times = [t for g in groups for t in junit_times(g.junit_path, g.name)]
     if times:
         _write(f"\nslowest {SLOWEST} tests of the whole suite (setup + call + teardown):\n")
         for t in slowest(times):
             _write(f"{t.seconds:9.2f} s  {t.nodeid}  [{t.group}]\n")
+        costly = costliest(times)
+        if costly:
+            _write(f"\ncostliest {SLOWEST} tests in CPU-seconds (all the processes each ran):\n")
+            for t in costly:
+                _write(f"{t.cpu_s:9.1f} CPU-s  {t.seconds:7.1f} s  {t.nodeid}  [{t.group}]\n")
         _write("\neach tier's tests, their time summed (the groups ran side by side):\n")
         for tier in tier_times(times):
-            _write(f"{tier.tier:<12} {tier.tests:6,} tests  {tier.seconds:8.0f} s\n")
+            _write(
+                f"{tier.tier:<12} {tier.tests:6,} tests  {tier.seconds:8.0f} s{_cpu(tier.cpu_s)}\n"
+            )
     if received:
         return 128 + received[0]
     return combined_returncode([g.returncode if g.returncode is not None else 1 for g in groups])
