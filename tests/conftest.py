@@ -73,8 +73,9 @@ _CPU_AT_START = pytest.StashKey[float]()
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
-    """Note the group's CPU counter before the test's set-up (its reruns included)."""
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None]:
+    """Note the group's CPU counter before each run of the test's set-up (a `timing` rerun is
+    a run of its own, with its own CPU-seconds)."""
     if _CPU_CGROUP is not None:
         start = _CPU_CGROUP.usage_s()
         if start is not None:
@@ -90,6 +91,32 @@ def _record_cpu(item: pytest.Item, report: pytest.TestReport) -> None:
     end = _CPU_CGROUP.usage_s() if _CPU_CGROUP is not None else None
     if start is not None and end is not None:
         report.user_properties.append((CPU_PROPERTY, f"{end - start:.1f}"))
+
+
+class RerunReasons:
+    """A `timing` test's failed first run leaves why in the group's log (pytest-rerunfailures
+    lists the rerun, not its error): the error lines of its report, under the progress line."""
+
+    LINES = 15
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.outcome != "rerun":
+            return
+        text = report.longreprtext.splitlines()
+        shown = [line for line in text if line.startswith("E ")][: self.LINES] or text[-3:]
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        reporter.write_line(f"\nRERUN {report.nodeid} ({report.when}) after:")
+        for line in shown:
+            reporter.write_line("    " + line[:300])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(RerunReasons(config), "kvops-rerun-reasons")
 
 
 def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:

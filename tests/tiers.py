@@ -133,6 +133,9 @@ def group_argv(pytest: Sequence[str], group: Group, args: Sequence[str]) -> list
         "-m",
         group.marker,
         f"--junitxml={group.junit_path}",
+        # the short summary of failures, errors and reruns: a `timing` test's rerun shows why
+        # its first run failed (pytest-rerunfailures' "R"; pytest's default is "fE")
+        "-rfER",
         "-o",
         f"cache_dir=.pytest_cache/{slug}",
         *args,

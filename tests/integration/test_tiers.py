@@ -90,6 +90,7 @@ def test_a_groups_command_line_keeps_the_durations_and_the_callers_arguments(
     assert argv[:4] == ["pytest", "-q", "--durations=20", "-m"]
     assert argv[4] == "not lab"
     assert f"--junitxml={tmp_path / 'g.xml'}" in argv
+    assert "-rfER" in argv  # a rerun's reason is in the group's log
     assert "cache_dir=.pytest_cache/unit-integration-engine" in argv
     assert argv[-3:] == ["-x", "-k", "smoke"]
 

@@ -134,5 +134,9 @@ def test_in_ci_a_timing_test_is_rerun_once_after_a_busy_machine_or_a_failed_timi
     ), out
     # the busy one, the noisy one and the regression's first run
     assert outcomes.get("rerun") == 3, out
+    # each rerun says why its first run failed (tests/conftest.py RerunReasons)
+    assert "RERUN test_timing.py::test_noisy_then_fine (call) after:" in out, out
+    assert "TTFT drop 12% (needed 20%)" in out.split("test_noisy_then_fine (call) after:")[1]
+    assert "too busy to judge timing" in out.split("test_busy_then_judged (call) after:")[1]
     assert "FAILED test_timing.py::test_a_real_regression" in out
     assert "FAILED test_timing.py::test_not_timing" in out
