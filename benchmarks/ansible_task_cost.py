@@ -22,14 +22,11 @@ is printed apart and taken off every play.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +50,16 @@ def _machine_busy_s() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be 1 to 1000, got {value}")
+    return value
+
+
 def _play(path: Path, kind: str, tasks: int) -> Path:
     body = "".join(f"    - name: Task {i}\n      {KINDS[kind]}\n" for i in range(tasks))
     path.write_text(f"---\n- name: {kind}\n  hosts: all\n  gather_facts: false\n  tasks:\n{body}")
@@ -61,8 +68,8 @@ def _play(path: Path, kind: str, tasks: int) -> Path:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=20, help="tasks per play (default 20)")
-    parser.add_argument("--repeat", type=int, default=3, help="plays of each kind (median)")
+    parser.add_argument("--tasks", type=_positive, default=20, help="tasks per play (default 20)")
+    parser.add_argument("--repeat", type=_positive, default=3, help="plays of each kind (median)")
     args = parser.parse_args()
     if not sshd_available():
         print("needs OpenSSH's sshd (apt-get install openssh-server)", file=sys.stderr)
@@ -73,7 +80,11 @@ def main() -> int:
         busy_s = _machine_busy_s
     else:
         accounting.join()  # this process; ansible-playbook, ssh and sshd start in it
-        busy_s = lambda: accounting.usage_s() or 0.0  # noqa: E731
+        group = accounting
+
+        def busy_s() -> float:
+            return group.usage_s() or 0.0
+
     work = Path(tempfile.mkdtemp(prefix="kvops-ansible-cost-"))
     client_key = work / "id_ed25519"
     keygen(client_key)
@@ -125,17 +136,7 @@ def main() -> int:
     finally:
         sshd.stop()
         if not isinstance(accounting, str):
-            accounting.path.parent.joinpath("cgroup.procs").write_text("0\n")  # leave it
-            # what is left is ours: ssh's ControlPersist master (60 s idle) and sshd's sessions
-            for pid in (accounting.path / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while (accounting.path / "cgroup.procs").read_text().strip():
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-            accounting.remove()
+            accounting.close()  # ssh's ControlPersist master would linger 60 s in it
     return 0
 
 

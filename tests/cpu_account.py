@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,18 @@ class CpuCgroup:
         path = self.path / name
         path.mkdir(exist_ok=True)
         return CpuCgroup(path, self.version)
+
+    def close(self) -> None:
+        """For a cgroup this process joined: move it back to the parent, stop what is left (its
+        own children's leftovers, such as ssh's ControlPersist master), remove the cgroup."""
+        (self.path.parent / "cgroup.procs").write_text("0\n")
+        for pid in (self.path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while (self.path / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.remove()
 
     def remove(self) -> None:
         """Remove this cgroup and its child cgroups, leaving any that still have processes."""

@@ -232,7 +232,7 @@ def tier_times(times: Sequence[CaseTime]) -> list[TierTime]:
     ]
 
 
-def _niced(niceness: int, cgroup: CpuCgroup | None = None) -> Callable[[], None] | None:
+def _child_setup(niceness: int, cgroup: CpuCgroup | None = None) -> Callable[[], None] | None:
     """What the child runs before pytest: lower its own priority by ``niceness`` and enter
     its group's cgroup (a failure to enter leaves it unaccounted, never unstarted)."""
     if niceness == 0 and cgroup is None:
@@ -279,7 +279,7 @@ def _start_preparation(command: Sequence[str], log_path: Path) -> subprocess.Pop
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_niced(PREPARE_NICENESS),
+            preexec_fn=_child_setup(PREPARE_NICENESS),
         )
     _write(f"preparing: {' '.join(command)} (log: {log_path})\n")
     return proc
@@ -346,7 +346,7 @@ def run(
                 stdout=group.log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_niced(group.niceness, group.cgroup),
+                preexec_fn=_child_setup(group.niceness, group.cgroup),
                 env=env,
             )
             _write(f"tier group {group.name}: started (log: {group.log_path})\n")
@@ -387,11 +387,10 @@ def run(
         _write(
             f"{group.name:<26} exit {group.returncode}  {group.wall_s:7.0f} s{_cpu(group.cpu_s)}\n"
         )
-    accounted = [g.cpu_s for g in groups if g.cpu_s is not None]
     whole = f"{'whole suite (in parallel)':<26}         {time.monotonic() - started:7.0f} s"
-    if accounted and len(accounted) == len(groups):
+    if all(g.cpu_s is not None for g in groups):
         cores = os.cpu_count() or 1
-        total = sum(accounted)
+        total = sum(g.cpu_s or 0.0 for g in groups)
         whole += f"{_cpu(total)} ({total / cores:.0f} s of work for each of {cores} cores)"
     _write(whole + "\n")
     times = [t for g in groups for t in junit_times(g.junit_path, g.name)]
