@@ -2,6 +2,10 @@
 
 ``lab``          session: 3 hosts (kvlab-1..3) shared by the roles' lab tests.
 ``lab_factory``  session: start more, private labs (own slot, own hosts); all torn down at end.
+``operator_collection``  session: the kvops.gds collection installed as an operator would
+                 (tests/installed_collection.py), with the operator's own ansible.cfg.
+``installed_site_second_run``  session: its site playbook on the shared lab right after the
+                 converge: the second run (one run, two tests read it).
 ``deploy_lab``   session: the two-host A/B lab (an offload and a baseline host) that
                  test_deploy.py and then test_deploy_collection.py deploy to; ``wheel_vars``
                  serves it the kvops wheel and ``deployed`` converges it once (site.yml and
@@ -22,7 +26,9 @@ from typing import Any
 import pytest
 from ci_rule import unavailable
 from deploy_lab import PRUNE, offload_and_baseline_lab, served_wheelhouse, site_then_deploy
+from installed_collection import BIN, REPO, Installed, install_collection
 from lab_harness import LabHosts, LabSession
+from site_lab import SITE_VARS, converge_hosts, converged
 
 from kvops.lab.lab import missing_prerequisites
 
@@ -83,6 +89,41 @@ def lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
 def lab_hosts(lab: LabHosts) -> LabHosts:
     """Alias of ``lab``."""
     return lab
+
+
+@pytest.fixture(scope="session")
+def operator_collection(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The collection built from this checkout and installed into an empty collections path,
+    with the operator's own ansible.cfg in a folder outside the checkout."""
+    return install_collection(
+        tmp_path_factory.mktemp("operator"),
+        "host_key_checking = True\ninterpreter_python = auto_silent\n"
+        "[ssh_connection]\npipelining = True\n",
+    )
+
+
+@pytest.fixture(scope="session")
+def installed_site_second_run(
+    lab: LabHosts, operator_collection: Installed
+) -> subprocess.CompletedProcess[str]:
+    """`ansible-playbook kvops.gds.site` from the installed collection, run from the operator's
+    folder on the two site hosts right after the shared lab's converge (by the checkout's
+    site.yml). One run proves two things, each read by its own test: a second run changes
+    nothing (test_site_converge.py: the collection's roles are the checkout's files), and the
+    installed collection converges the lab with the operator's configuration
+    (test_site_collection.py)."""
+    converged(lab)
+    return subprocess.run(
+        [
+            str(BIN / "ansible-playbook"), "-i", str(lab.inventory_path), "-i", str(SITE_VARS),
+            "kvops.gds.site", "--limit", ",".join(converge_hosts(lab)),
+        ],
+        cwd=operator_collection.user_dir,
+        env={**operator_collection.env(lab.env()), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,8 @@ see as booted (pytest runs a folder's files in name order).
 
 One test, in order (the shared lab, converged once per session by the checkout's site.yml):
 1. `ansible-playbook kvops.gds.site` from the installed collection converges the two site hosts
-   with nothing left to change: the collection is the checkout's roles, filters and files;
+   with nothing left to change: the collection is the checkout's roles, filters and files (the
+   same run is test_site_converge.py's second run);
 2. `ansible-playbook kvops.gds.validate` with the probe configs kvops derives from the inventory
    writes one evidence document per host, `kvops validate --from-evidence` judges it, and the
    direct SSH path (`kvops validate -i ...`) finds the same per host (same check ids, severities
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from installed_collection import BIN, REPO, install_collection
+from installed_collection import BIN, REPO, Installed
 from lab_harness import LabHosts
 from site_lab import SITE_VARS, converge_hosts, converged, explain, gate_env, recap, run_site
 from test_validate_lab import VALIDATE_VARS
@@ -66,18 +67,14 @@ def _items(directory: Path) -> dict[str, dict[str, tuple[Any, Any, Any]]]:
 
 
 def test_installed_collection_converges_and_validates_the_lab(
-    lab: LabHosts, tmp_path: Path
+    lab: LabHosts,
+    operator_collection: Installed,
+    installed_site_second_run: subprocess.CompletedProcess[str],
+    tmp_path: Path,
 ) -> None:
-    converged(lab)
     names = converge_hosts(lab)
-    # the operator's own configuration, not the checkout's
-    installed = install_collection(
-        tmp_path / "operator",
-        "host_key_checking = True\ninterpreter_python = auto_silent\n"
-        "[ssh_connection]\npipelining = True\n",
-    )
-    user = installed.user_dir
-    env = {**installed.env(lab.env()), "PYTHONPATH": str(REPO)}
+    user = operator_collection.user_dir  # the operator's own configuration, not the checkout's
+    env = {**operator_collection.env(lab.env()), "PYTHONPATH": str(REPO)}
     ghost = tmp_path / "ghost.yml"
     ghost_vars = {"ansible_host": lab.gateway_ip, "ansible_port": 1, "ansible_user": lab.user}
     ghost.write_text(
@@ -91,10 +88,9 @@ def test_installed_collection_converges_and_validates_the_lab(
             argv, cwd=user, env=env, capture_output=True, text=True, timeout=timeout
         )
 
-    # 1. converge from the installed collection: nothing left to change
-    site = run(
-        str(BIN / "ansible-playbook"), *sources, "kvops.gds.site", "--limit", ",".join(names)
-    )
+    # 1. the installed collection's site playbook converges the lab (conftest.py's
+    # installed_site_second_run, also test_site_converge.py's second run): nothing left to change
+    site = installed_site_second_run
     assert site.returncode == 0, explain(site)
     counts = recap(site)
     for name in names:
