@@ -8,8 +8,8 @@ machines: the four dependency collections (ansible.posix, community.general, ...
 ``ansible`` package in the venv, as for any user of that package (Ansible searches the
 ``ansible_collections`` of its Python path after the configured paths:
 https://docs.ansible.com/ansible/latest/reference_appendices/config.html#collections-paths).
-Used by tests/integration/test_collection_build.py, tests/lab/test_site_collection.py and
-tests/lab/test_deploy_collection.py.
+Used by tests/integration/test_collection_build.py, tests/lab/conftest.py (the site tests'
+operator_collection) and tests/lab/test_shared_store_lab.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""deploy.yml's validation gate and `kvops ab-test --deploy` from the installed kvops.gds
-collection, on a private deploy lab (kvlab-1 offload, kvlab-2 baseline; site.yml, then
-deploy.yml, as tests/lab/test_deploy.py prepares its own).
+"""The validation gate of deploy.yml and site.yml on the deploy lab (kvlab-1 offload, kvlab-2
+baseline; site.yml, then deploy.yml, as tests/lab/test_deploy.py prepares it). `kvops ab-test
+--deploy` from the installed kvops.gds collection, outside the checkout, is tested on the
+shared-store fleet (tests/lab/test_shared_store_lab.py).
 
 1. A rollout of deploy.yml with ``kvops_deploy_gate=true``, one host per ``serial`` batch and
    the playbook's ``max_fail_percentage`` (0): the first batch's host, its rpcrdma unloaded by
@@ -9,21 +10,12 @@ deploy.yml, as tests/lab/test_deploy.py prepares its own).
    file; the finding is in the play's output and in the JUnit file of Ansible's junit callback
    (https://docs.ansible.com/ansible/latest/collections/ansible/builtin/junit_callback.html).
    Healthy again, both batches pass the gate and the change reaches both hosts.
-2. `kvops ab-test --deploy` from a folder outside the checkout, with the operator's own
-   ansible.cfg naming only the collections path the tarball was installed into: kvops picks the
-   installed ``kvops.gds.deploy`` (run.json keeps no project root), the roles that run are the
-   installed copy's (the task paths in the JUnit file the operator's configuration asks for),
-   both arms are deployed and measured, and results.json is written. The smallest workload
-   ab-test takes (one trial, a few short requests): what is under test is the deploy path.
-3. site.yml's gate (the same action, the same place in the play) judges each batch after the
+2. site.yml's gate (the same action, the same place in the play) judges each batch after the
    handlers its roles notified: here cufile's restart of the running inference service.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -36,7 +28,7 @@ from deploy_lab import (
     OFFLOAD,
     run_deploy,
 )
-from installed_collection import INSTALLED_PATH, REPO, install_collection
+from installed_collection import REPO
 from lab_harness import LabHosts
 from site_lab import SITE_VARS, explain, gate_env, recap, run_site
 from test_validate_lab import VALIDATE_VARS
@@ -102,64 +94,6 @@ def test_the_gate_stops_a_deploy_rollout_at_the_batch_of_a_broken_host(
     assert counts[OFFLOAD]["failed"] == 0 and counts[BASELINE]["failed"] == 0, counts
     assert healthy.stdout.count(GATE_TASK) == 2, explain(healthy)
     assert marker in _env_lines(deploy_lab, BASELINE)
-
-
-def test_ab_test_deploy_runs_the_installed_collection_from_outside_the_checkout(
-    deploy_lab: LabHosts, wheel_vars: dict[str, Any], deployed: None, tmp_path: Path
-) -> None:
-    junit = tmp_path / "junit"
-    installed = install_collection(
-        tmp_path / "operator",
-        # the operator's own settings; the junit callback shows which roles ran
-        "host_key_checking = True\ninterpreter_python = auto_silent\n"
-        "callbacks_enabled = ansible.builtin.junit\n[ssh_connection]\npipelining = True\n",
-    )
-    assert REPO not in installed.user_dir.parents
-    workload = installed.user_dir / "tiny.yaml"
-    workload.write_text(
-        yaml.safe_dump({
-            "name": "tiny", "description": "the smallest run: the deploy path is under test",
-            "num_prefixes": 2, "prefix_tokens": 256, "prompt_tokens": 320, "output_tokens": 4,
-            "batch_size": 2, "iterations": 1, "seed": 0,
-        }, sort_keys=False)
-    )  # fmt: skip
-    out = installed.user_dir / "run"
-    argv = [str(Path(sys.executable).parent / "kvops"), "ab-test", "--deploy", "--limit", OFFLOAD]
-    for source in (deploy_lab.inventory_path, SITE_VARS, DEPLOY_VARS):
-        argv += ["-i", str(source)]
-    for key, value in wheel_vars.items():
-        argv += ["--deploy-var", f"{key}={json.dumps(value)}"]
-    argv += ["--workload", str(workload), "--trials", "1", "--warmup-iterations", "0"]
-    argv += ["--out", str(out), "--json"]
-    env = installed.env(deploy_lab.env())
-    env.update(PYTHONPATH=str(REPO), JUNIT_OUTPUT_DIR=str(junit))
-    proc = subprocess.run(
-        argv, cwd=installed.user_dir, env=env, capture_output=True, text=True, timeout=1200
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-
-    # kvops chose the installed collection (no checkout around the working directory) ...
-    run = json.loads((out / "run.json").read_text())
-    assert run["deploy"]["project_root"] is None, run["deploy"]
-    # ... and the roles that ran are the installed copy's, never the checkout's
-    paths = {
-        case.get("classname", "")
-        for report in junit.glob("*.xml")
-        for case in ET.parse(report).getroot().iter("testcase")
-    }
-    role = str(installed.collections / INSTALLED_PATH / "roles" / "vllm_lmcache")
-    assert any(p.startswith(role) for p in paths), sorted(paths)[:20]
-    assert not any(p.startswith(str(REPO)) for p in paths), sorted(paths)[:20]
-
-    deploys = [json.loads(line) for line in (out / "deploys.jsonl").read_text().splitlines()]
-    assert {d["variant"] for d in deploys} == {"baseline", "offload"}, deploys
-    assert all(d["status"] == "successful" for d in deploys), deploys
-    results = json.loads((out / "results.json").read_text())
-    assert json.loads(proc.stdout) == results
-    scenario = results["scenarios"]["tiny"]
-    for arm in ("baseline", "offload"):  # both arms measured: batch 2 x 1 iteration x 1 trial
-        assert scenario["arms"][arm]["metrics"]["completed"] == 2, scenario["arms"][arm]
-    assert scenario["verdict"] == "not enough trials", scenario["verdict"]  # one trial: no claim
 
 
 # cufile's handler, as the play's output names it (the role's prefix differs between the checkout's

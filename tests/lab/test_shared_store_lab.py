@@ -15,7 +15,9 @@ What proves the hit on host B is B's own counters (`vllm:external_prefix_cache_h
 `lmcache:num_hit_tokens`) and the response's `usage.prompt_tokens_details.cached_tokens`; the
 time to first token agrees (B's hit against a cold miss of the same length on B, measured in the
 same test, with a wide margin). `kvops ab-test --arm offload=A,B --route prefix-handoff` then
-measures the cross-instance hit share from the instances' counters.
+measures the cross-instance hit share from the instances' counters, and `kvops ab-test --deploy
+--limit A,B`, run as an operator without a checkout runs it (the installed kvops.gds collection,
+from a folder outside the checkout), switches both hosts of each arm together.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ from deploy_lab import (
     run_deploy,
     served_wheelhouse,
 )
+from installed_collection import INSTALLED_PATH, REPO, Installed, install_collection
 from lab_harness import LabHosts
 from sim_server import sim_server
 from site_lab import SITE_VARS, explain, run_site
@@ -234,13 +239,31 @@ def test_ab_test_prefix_handoff_measures_cross_instance_hits(
     assert any(i["cross_instance_hit_tokens"] > 0 for i in instances), instances
 
 
-def test_ab_test_deploy_switches_every_host_of_an_arm_together(
-    fleet: LabHosts, wheel_vars: dict[str, Any], tmp_path: Path
-) -> None:
-    """`--deploy --limit A,B`: each arm is the fleet of both hosts, and every deploy puts its
-    variant on both at once (one deploy.yml run; the deploys' records name both hosts). Last in
-    the module: it leaves the hosts on whichever variant was deployed last."""
-    out = tmp_path / "ab-deploy-fleet"
+@dataclass(frozen=True)
+class FleetAbTest:
+    installed: Installed
+    out: Path  # the run directory
+    junit: Path  # where the operator's junit callback wrote
+    proc: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def fleet_ab_test_deploy(
+    fleet: LabHosts, wheel_vars: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> FleetAbTest:
+    """`kvops ab-test --deploy --limit A,B` run once, as an operator without a checkout runs it:
+    from a folder outside the checkout, with the operator's own ansible.cfg naming only the
+    collections path the built tarball was installed into (the checkout's own deploy.yml runs
+    ab-test --deploy in tests/lab/test_deploy.py). Last in the module: it leaves the hosts on
+    whichever variant was deployed last. Two tests read it."""
+    installed = install_collection(
+        tmp_path_factory.mktemp("fleet-operator"),
+        # the operator's own settings; the junit callback shows which roles ran
+        "host_key_checking = True\ninterpreter_python = auto_silent\n"
+        "callbacks_enabled = ansible.builtin.junit\n[ssh_connection]\npipelining = True\n",
+    )
+    junit = installed.user_dir / "junit"
+    out = installed.user_dir / "ab-deploy-fleet"
     argv = [str(Path(sys.executable).parent / "kvops"), "ab-test", "--deploy",
             "--limit", f"{HOST_A},{HOST_B}"]  # fmt: skip
     for source in (fleet.inventory_path, SITE_VARS, DEPLOY_VARS):
@@ -251,9 +274,47 @@ def test_ab_test_deploy_switches_every_host_of_an_arm_together(
     # trial deploys each variant once on both hosts; more only repeat those runs).
     argv += ["--workload", str(FLEET_WORKLOAD), "--trials", "1", "--warmup-iterations", "0",
              "--route", "prefix-handoff", "--out", str(out), "--json"]  # fmt: skip
+    env = installed.env(fleet.env())
+    env.update(PYTHONPATH=str(REPO), JUNIT_OUTPUT_DIR=str(junit))
     proc = subprocess.run(
-        argv, capture_output=True, text=True, env=fleet.env(), timeout=1200, cwd=fleet.repo_root
+        argv, capture_output=True, text=True, env=env, timeout=1200, cwd=installed.user_dir
     )
+    return FleetAbTest(installed, out, junit, proc)
+
+
+def test_ab_test_deploy_runs_the_installed_collection_from_outside_the_checkout(
+    fleet_ab_test_deploy: FleetAbTest,
+) -> None:
+    """kvops picks the installed ``kvops.gds.deploy`` (run.json keeps no project root), the
+    roles that run are the installed copy's (the task paths in the JUnit file the operator's
+    configuration asks for), and results.json is written and printed."""
+    run, installed = fleet_ab_test_deploy, fleet_ab_test_deploy.installed
+    assert REPO not in installed.user_dir.parents
+    assert run.proc.returncode == 0, run.proc.stderr[-4000:]
+    # kvops chose the installed collection (no checkout around the working directory) ...
+    recorded = json.loads((run.out / "run.json").read_text())
+    assert recorded["deploy"]["project_root"] is None, recorded["deploy"]
+    # ... and the roles that ran are the installed copy's, never the checkout's
+    paths = {
+        case.get("classname", "")
+        for report in run.junit.glob("*.xml")
+        for case in ET.parse(report).getroot().iter("testcase")
+    }
+    role = str(installed.collections / INSTALLED_PATH / "roles" / "vllm_lmcache")
+    assert any(p.startswith(role) for p in paths), sorted(paths)[:20]
+    assert not any(p.startswith(str(REPO)) for p in paths), sorted(paths)[:20]
+    doc = json.loads((run.out / "results.json").read_text())
+    assert json.loads(run.proc.stdout) == doc
+    scenario = doc["scenarios"]["fleet"]
+    assert scenario["verdict"] == "not enough trials", scenario["verdict"]  # one trial: no claim
+
+
+def test_ab_test_deploy_switches_every_host_of_an_arm_together(
+    fleet: LabHosts, fleet_ab_test_deploy: FleetAbTest
+) -> None:
+    """`--deploy --limit A,B`: each arm is the fleet of both hosts, and every deploy puts its
+    variant on both at once (one deploy.yml run; the deploys' records name both hosts)."""
+    out, proc = fleet_ab_test_deploy.out, fleet_ab_test_deploy.proc
     assert proc.returncode == 0, proc.stderr[-4000:]
     deploys = [json.loads(line) for line in (out / "deploys.jsonl").read_text().splitlines()]
     assert deploys and all(d["status"] == "successful" for d in deploys), deploys
