@@ -63,12 +63,15 @@ from cpu_account import CpuCgroup
 # the model, a real vLLM's TTFT), and the lab's Ansible runs, which only take longer, use what is
 # left (https://man7.org/linux/man-pages/man7/sched.7.html, "The nice value").
 #
-# For balance, the private-lab modules marked ``own_lab_b`` run in the shared lab's session (in
-# slots of their own): the deploy lab's module alone is ~11 minutes. Measured alone, in CPU-seconds
-# (tests/cpu_account.py): the lab-own modules 684, the shared session's 825, so the absent lab
-# (46) moved to lab-own; in CI-mode runs the shared session had ended last by 60 to 100 s. A
-# fourth process (a third lab session) finished no sooner on 2 cores and slowed the tiers that
-# judge timing.
+# For balance, the private-lab modules marked ``own_lab_b`` (the MP-server, services and absent
+# labs) run in the shared lab's session (in slots of their own); the deploy lab's modules (the
+# A/B, its gates, and last the shared-store fleet on the same two hosts) are the lab-own group.
+# Per module, in CPU-seconds (tests/cpu_account.py, the CI-mode run of 1e338e7): deploy 453,
+# deploy_collection 146 (less its A/B, 53, since folded into the fleet's), shared_store 200 (less
+# its own lab's converge and first deploy, ~60, since it uses the deploy lab), services 78,
+# absent 46; the shared session 786 less the second site run (~42) now read from the installed
+# collection's. A fourth process (a third lab session) finished no sooner on 2 cores and slowed
+# the tiers that judge timing.
 GROUPS: tuple[tuple[str, str, int], ...] = (
     ("lab-shared", "lab and (not own_lab or own_lab_b)", 10),
     ("lab-own", "lab and own_lab and not own_lab_b", 10),

@@ -7,7 +7,8 @@
 ``installed_site_second_run``  session: its site playbook on the shared lab right after the
                  converge: the second run (one run, two tests read it).
 ``deploy_lab``   session: the two-host A/B lab (an offload and a baseline host) that
-                 test_deploy.py and then test_deploy_collection.py deploy to; ``wheel_vars``
+                 test_deploy.py, test_deploy_collection.py and last test_shared_store_lab.py
+                 (both hosts as offload hosts on one shared store) deploy to; ``wheel_vars``
                  serves it the kvops wheel and ``deployed`` converges it once (site.yml and
                  deploy.yml).
 
@@ -128,9 +129,10 @@ def installed_site_second_run(
 
 @pytest.fixture(scope="session")
 def deploy_lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
-    """The A/B lab, converged once for two modules (each converge is the most of their time):
-    test_deploy.py leaves it deployed as it found it, test_deploy_collection.py (after it in
-    file order, both in the lab-own group) rolls changes out on it."""
+    """The A/B lab, converged once for three modules (each converge is the most of their time),
+    in file order, all in the lab-own group: test_deploy.py leaves it deployed as it found it,
+    test_deploy_collection.py rolls changes out on it, test_shared_store_lab.py (last: it leaves
+    both hosts offload hosts on one shared store) deploys both as a fleet."""
     return offload_and_baseline_lab(lab_factory, **PRUNE)
 
 

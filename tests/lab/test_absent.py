@@ -12,7 +12,7 @@ import pytest
 from lab_harness import LabHosts
 from site_lab import EXPORT, MOUNT_PATH, explain, recap, run_site
 
-pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab, pytest.mark.own_lab_b]
 
 HOST = "kvabs-1"
 ABSENT = {

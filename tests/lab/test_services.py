@@ -15,7 +15,7 @@ import pytest
 from lab_harness import LabHosts
 from site_lab import changed_tasks, explain, recap, run_role, run_site
 
-pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab, pytest.mark.own_lab_b]
 
 HOST = "kvsvc-1"
 SERVICES = {"nvidia_driver_manage_services": True}

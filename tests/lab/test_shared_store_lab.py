@@ -3,7 +3,9 @@ other (issue 28, "a fleet sharing one KV store on ONTAP", in the lab tier).
 
 The shared ONTAP export is one directory on this machine, bind-mounted into both lab hosts at
 the GDS directory (`LabHosts.bind_mount`; the lab kernel has no NFS, and the mount.nfs double
-gives each host a private tmpfs). Everything else is what production runs: site.yml and
+gives each host a private tmpfs). The hosts are the deploy lab's (tests/lab/conftest.py), after
+test_deploy.py and test_deploy_collection.py are done with it: the A/B lab's baseline host
+becomes a second offload host. Everything else is what production runs: site.yml and
 deploy.yml converge both hosts as offload hosts with the same model string, chunk size, hash
 algorithm and service uid/gid (tests/lab/deploy_lab_vars.yml); the engine is the role's
 `kvops sim serve` running as the service user, which reads the directory as LMCache's GDS
@@ -29,32 +31,30 @@ import sys
 import time
 import urllib.request
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from deploy_lab import (
+    BASELINE,
     DEPLOY_VARS,
     GDS_DIR,
+    OFFLOAD,
     SERVICE_UID,
-    make_service_account,
     run_deploy,
-    served_wheelhouse,
 )
 from installed_collection import INSTALLED_PATH, REPO, Installed, install_collection
 from lab_harness import LabHosts
 from sim_server import sim_server
-from site_lab import SITE_VARS, explain, run_site
+from site_lab import SITE_VARS, explain
 
 from kvops.abtest.engine_counters import counter_delta, read_counters
 
-pytestmark = [pytest.mark.lab, pytest.mark.own_lab, pytest.mark.own_lab_b]
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
 
-HOST_A, HOST_B = "kvlab-1", "kvlab-2"
-# One host prunes the store (roles/vllm_lmcache/README.md, "Pruning the store").
-PRUNE = {"vllm_lmcache_prune_host": HOST_A, "vllm_lmcache_prune_max_bytes": "64G"}
+HOST_A, HOST_B = OFFLOAD, BASELINE  # the deploy lab's hosts; HOST_A prunes the store (PRUNE)
 # The engine's profile on both hosts (and on the local baseline of the ab-test), in real time
 # (--time-scale 1): an 8k-token prefill on the modelled L40S takes about a second, loading it
 # from the store about a tenth of that, so the two are far apart against the lab's own noise.
@@ -68,16 +68,6 @@ FLEET_WORKLOAD = Path(__file__).parents[1] / "fixtures" / "workloads" / "fleet-s
 
 
 @pytest.fixture(scope="module")
-def fleet_lab(lab_factory: Callable[..., LabHosts]) -> LabHosts:
-    offload = {"vllm_lmcache_variant": "offload", "kvops_role": "offload", **PRUNE}
-    return lab_factory(
-        hosts=2,
-        variants={HOST_A: {"SYSTEMD": "double"}, HOST_B: {"SYSTEMD": "double"}},
-        host_vars={HOST_A: offload, HOST_B: offload},
-    )
-
-
-@pytest.fixture(scope="module")
 def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The stand-in for the ONTAP export's GDS directory: owned by the service uid/gid that
     both hosts share, with the mode nfs_rdma_mount gives it (0750)."""
@@ -88,27 +78,21 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel_vars(
-    fleet_lab: LabHosts, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
-    """The kvops wheel served on the lab bridge for the role's pip task, for the whole module
-    (`ab-test --deploy` deploys again)."""
-    with served_wheelhouse(fleet_lab, tmp_path_factory.mktemp("wheelhouse")) as extra:
-        yield extra
-
-
-@pytest.fixture(scope="module")
-def fleet(fleet_lab: LabHosts, export_dir: Path, wheel_vars: dict[str, Any]) -> Iterator[LabHosts]:
-    """Both hosts converged (site.yml) with the shared directory mounted at the GDS directory,
-    then deployed as offload hosts (deploy.yml): each engine starts on the shared store."""
-    lab = fleet_lab
-    for name in lab.names:
-        make_service_account(lab, name)
-    site = run_site(lab, "-i", str(DEPLOY_VARS))
-    assert site.returncode == 0, explain(site)
+def fleet(
+    deploy_lab: LabHosts,
+    deployed: subprocess.CompletedProcess[str],
+    export_dir: Path,
+    wheel_vars: dict[str, Any],
+) -> Iterator[LabHosts]:
+    """The deploy lab (site.yml and deploy.yml done; conftest.py's `deployed`), last of the
+    modules that use it: the shared directory mounted at both hosts' GDS directory, then both
+    deployed as offload hosts (deploy.yml, the lab's A/B host becoming a second offload host):
+    each engine starts again, on the shared store."""
+    lab = deploy_lab
     for name in lab.names:
         lab.bind_mount(name, export_dir, GDS_DIR)
-    proc = run_deploy(lab, wheel_vars, extra_vars={"vllm_lmcache_extra_args": ENGINE_ARGS})
+    offload = {"vllm_lmcache_variant": "offload", "vllm_lmcache_extra_args": ENGINE_ARGS}
+    proc = run_deploy(lab, wheel_vars, extra_vars=offload)
     assert proc.returncode == 0, explain(proc)
     yield lab
 
