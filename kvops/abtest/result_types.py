@@ -49,7 +49,9 @@ Schema (versioned; additions only within a version):
                 token_sources: {<arm>: {looked_up_tokens, gpu_cache_tokens, offload_tokens,
                                 computed_tokens, stored_tokens, by_source}},
                 verdict ("offload never engaged" | null), verdict_note, caveats,
-                working_set_tokens, gpu_kv_capacity_tokens}]}}
+                working_set_tokens, gpu_kv_capacity_tokens, nothing_loaded (candidate arms
+                with a connector that loaded no KV: their "helps" read "no gain from offload:
+                nothing loaded")}]}}
   client: {dispatch_lag_mean_ms, dispatch_lag_p99_ms, dispatch_lag_max_ms, loop_lag_mean_ms,
            loop_lag_p99_ms, max_in_flight, workers, ttft_error_share, bottleneck,
            bottleneck_reason}

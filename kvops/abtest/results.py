@@ -41,7 +41,7 @@ from kvops.abtest.result_types import (
     ScenarioResult,
 )
 from kvops.abtest.rundir import RunDir
-from kvops.abtest.validity import check_scenario
+from kvops.abtest.validity import attribute_gains, check_scenario
 from kvops.loadgen.runner import ClientStats, judge_client
 from kvops.workload.record import RequestRecord, iter_jsonl, read_records
 
@@ -301,6 +301,7 @@ def build_results(
         )
         for c in comparisons:
             c.caveat = checks.caveats.get(c.candidate_arm, {}).get(c.metric)
+        attribute_gains(comparisons, checks)
         verdict = checks.verdict or overall_verdict(first)
         if overall_verdict(first).startswith("invalid"):
             verdict = overall_verdict(first)  # a broken arm voids everything, checks included

@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 
 from kvops.abtest.engine_counters import counter_delta, read_counters
+from kvops.abtest.result_types import Comparison
 from kvops.abtest.validity import (
     FITS_NOTE,
     NEVER_ENGAGED,
     NO_REUSE_NOTE,
+    NOT_FROM_OFFLOAD,
     TokenSources,
+    attribute_gains,
     check_scenario,
     working_set_tokens,
 )
@@ -80,6 +83,55 @@ def test_a_working_set_that_fits_is_said_beside_the_verdict() -> None:
     assert checks.working_set_tokens == 11_040 and checks.gpu_kv_capacity_tokens == 38_016
     # the multi-prefix working set (20 x 2,800 + 40 x 206 = 64,240) does not fit
     assert run(MULTI, loaded=1.0).verdict_note is None
+
+
+def _judged(verdict: str, metric: str = "total_token_throughput_tok_s") -> Comparison:
+    return Comparison(
+        metric, "baseline", "offload", 100.0, 110.0, 10.1, 2.9, 17.8, verdict, True,
+        "paired trials (2)",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", [SINGLE, UNIQUE, MULTI], ids=["fits", "no-reuse", "overflows"])
+def test_a_gain_of_an_arm_that_loaded_nothing_is_not_offloads(spec: WorkloadSpec) -> None:
+    """Seen on embedded engines under load: +10% throughput [+3..+18%] from two trials where
+    the prefixes fit in GPU memory and the offload arm loaded 0 tokens. Loading KV is the only
+    way offload helps, so that "helps" is noise or drift: it must not reach the verdict. A
+    "hurts" stands (storing costs without loading), and so does the interval."""
+    checks = run(spec, loaded=0.0)
+    assert checks.nothing_loaded == ["offload"]
+    helps, hurts, same = (
+        _judged("helps"),
+        _judged("hurts", "mean_itl_ms"),
+        _judged("no significant difference", "mean_ttft_ms"),
+    )
+    hurts.caveat = "KV capacity -16%: likely cause"
+    attribute_gains([helps, hurts, same], checks)
+    assert helps.verdict == NOT_FROM_OFFLOAD
+    assert helps.caveat is not None and "loaded no KV from offload" in helps.caveat
+    assert (helps.ci95_low_pct, helps.ci95_high_pct) == (2.9, 17.8)
+    assert hurts.verdict == "hurts" and hurts.caveat == "KV capacity -16%: likely cause"
+    assert same.verdict == "no significant difference"
+
+
+def test_a_gain_of_an_arm_that_loaded_kv_stands() -> None:
+    checks = run(MULTI, loaded=200_000.0)
+    assert checks.nothing_loaded == []
+    helps = _judged("helps")
+    attribute_gains([helps], checks)
+    assert helps.verdict == "helps" and helps.caveat is None
+
+
+def test_an_a_a_run_without_a_connector_is_not_attributed() -> None:
+    """No arm declares a connector: nothing says the candidate should have loaded, so its
+    verdicts are left to the interval (an A/A run's "helps" is the interval's 5%)."""
+    checks = check_scenario(
+        MULTI, ["a", "b"],
+        {"a": {"cache_config": cache(2376)}, "b": {"cache_config": cache(2376)}},
+        {"a": BASE_COUNTERS, "b": BASE_COUNTERS},
+        {"a": 0.05, "b": 0.05},
+    )  # fmt: skip
+    assert checks.nothing_loaded == []
 
 
 def test_unique_prompts_keep_their_verdict_as_store_overhead() -> None:
