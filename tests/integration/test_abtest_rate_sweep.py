@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-VERDICTS = {"helps", "hurts", "no significant difference"}
+from kvops.abtest.validity import NOT_FROM_OFFLOAD
+
+VERDICTS = {"helps", "hurts", "no significant difference", NOT_FROM_OFFLOAD}
 
 
 @pytest.mark.timeout(400)
