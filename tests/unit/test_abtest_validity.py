@@ -122,32 +122,22 @@ def test_a_gain_of_an_arm_that_loaded_kv_stands() -> None:
     assert helps.verdict == "helps" and helps.caveat is None
 
 
-def test_an_a_a_run_without_a_connector_is_not_attributed() -> None:
-    """No arm declares a connector: nothing says the candidate should have loaded, so its
-    verdicts are left to the interval (an A/A run's "helps" is the interval's 5%)."""
-    checks = check_scenario(
-        MULTI, ["a", "b"],
-        {"a": {"cache_config": cache(2376)}, "b": {"cache_config": cache(2376)}},
-        {"a": BASE_COUNTERS, "b": BASE_COUNTERS},
-        {"a": 0.05, "b": 0.05},
-    )  # fmt: skip
-    assert checks.nothing_loaded == []
-
-
 def test_unique_prompts_keep_their_verdict_as_store_overhead() -> None:
     checks = run(UNIQUE, loaded=0.0)
     assert checks.verdict is None and checks.verdict_note == NO_REUSE_NOTE
 
 
 def test_an_a_a_run_without_a_connector_keeps_its_verdict() -> None:
-    """Both arms the same plain server: no arm claims to offload, so nothing is replaced."""
+    """Both arms the same plain server: no arm claims to offload, so nothing is replaced, and
+    nothing says the candidate should have loaded: its gains are not attributed (an A/A run's
+    "helps" is left to the interval's 5%)."""
     checks = check_scenario(
         MULTI, ["a", "b"],
         {"a": {"cache_config": cache(2376)}, "b": {"cache_config": cache(2376)}},
         {"a": BASE_COUNTERS, "b": BASE_COUNTERS},
         {"a": 0.05, "b": 0.05},
     )  # fmt: skip
-    assert checks.verdict is None
+    assert checks.verdict is None and checks.nothing_loaded == []
     engaged = [p for p in checks.preconditions if p.check == "offload_engaged"]
     assert engaged[0].status == "unknown" and "shows no KV connector" in engaged[0].message
 
