@@ -342,6 +342,12 @@ def run(
             group.log = group.log_path.open("wb")
             group.started_s = time.monotonic()
             env = dict(os.environ)
+            # Bytecode is written: with PYTHONDONTWRITEBYTECODE set (some CI images set it)
+            # every Python process recompiles what it imports from source (kvops, the tests,
+            # pytest's assertion rewriting), and the suite starts hundreds (each CLI call, each
+            # embedded engine, each Ansible run's kvops plugins). Measured here: collecting the
+            # suite 7.0 CPU-s against 2.7, CLI-heavy integration modules 17% fewer CPU-seconds.
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
             if group.cgroup is not None:
                 env[cpu_account.ENV] = str(group.cgroup.path)
             group.proc = subprocess.Popen(
