@@ -25,6 +25,15 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 # where `ansible-galaxy collection install -p DIR` puts kvops.gds under DIR
 INSTALLED_PATH = Path("ansible_collections") / "kvops" / "gds"
+# An operator's own ansible.cfg settings (install_collection's `config`): host keys checked,
+# pipelining on, as the checkout's ansible.cfg has them.
+OPERATOR_CONFIG = (
+    "host_key_checking = True\ninterpreter_python = auto_silent\n"
+    "[ssh_connection]\npipelining = True\n"
+)
+# The same with Ansible's junit callback, whose files show which copy of the roles ran
+# (JUNIT_OUTPUT_DIR names where they go).
+OPERATOR_CONFIG_WITH_JUNIT = "callbacks_enabled = ansible.builtin.junit\n" + OPERATOR_CONFIG
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from ci_rule import unavailable
 from deploy_lab import PRUNE, offload_and_baseline_lab, served_wheelhouse, site_then_deploy
-from installed_collection import BIN, REPO, Installed, install_collection
+from installed_collection import BIN, OPERATOR_CONFIG, REPO, Installed, install_collection
 from lab_harness import LabHosts, LabSession
 from site_lab import SITE_VARS, converge_hosts, converged
 
@@ -96,11 +96,7 @@ def lab_hosts(lab: LabHosts) -> LabHosts:
 def operator_collection(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     """The collection built from this checkout and installed into an empty collections path,
     with the operator's own ansible.cfg in a folder outside the checkout."""
-    return install_collection(
-        tmp_path_factory.mktemp("operator"),
-        "host_key_checking = True\ninterpreter_python = auto_silent\n"
-        "[ssh_connection]\npipelining = True\n",
-    )
+    return install_collection(tmp_path_factory.mktemp("operator"), OPERATOR_CONFIG)
 
 
 @pytest.fixture(scope="session")

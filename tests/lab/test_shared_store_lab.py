@@ -45,7 +45,13 @@ from deploy_lab import (
     SERVICE_UID,
     run_deploy,
 )
-from installed_collection import INSTALLED_PATH, REPO, Installed, install_collection
+from installed_collection import (
+    INSTALLED_PATH,
+    OPERATOR_CONFIG_WITH_JUNIT,
+    REPO,
+    Installed,
+    install_collection,
+)
 from lab_harness import LabHosts
 from sim_server import sim_server
 from site_lab import SITE_VARS, explain
@@ -241,10 +247,7 @@ def fleet_ab_test_deploy(
     ab-test --deploy in tests/lab/test_deploy.py). Last in the module: it leaves the hosts on
     whichever variant was deployed last. Two tests read it."""
     installed = install_collection(
-        tmp_path_factory.mktemp("fleet-operator"),
-        # the operator's own settings; the junit callback shows which roles ran
-        "host_key_checking = True\ninterpreter_python = auto_silent\n"
-        "callbacks_enabled = ansible.builtin.junit\n[ssh_connection]\npipelining = True\n",
+        tmp_path_factory.mktemp("fleet-operator"), OPERATOR_CONFIG_WITH_JUNIT
     )
     junit = installed.user_dir / "junit"
     out = installed.user_dir / "ab-deploy-fleet"
