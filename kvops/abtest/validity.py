@@ -166,8 +166,13 @@ class ScenarioChecks:
             {a: dict(m) for a, m in d["caveats"].items()},
             d.get("working_set_tokens"),
             d.get("gpu_kv_capacity_tokens"),
-            list(d.get("nothing_loaded", [])),
+            _arm_names(d.get("nothing_loaded")),
         )
+
+
+def _arm_names(value: object) -> list[str]:
+    """A document's list of arm names; anything else (an older document has none) is none."""
+    return [a for a in value if isinstance(a, str)] if isinstance(value, list) else []
 
 
 def distinct_prefixes(spec: WorkloadSpec) -> int:

@@ -12,6 +12,7 @@ from kvops.abtest.validity import (
     NEVER_ENGAGED,
     NO_REUSE_NOTE,
     NOT_FROM_OFFLOAD,
+    ScenarioChecks,
     TokenSources,
     attribute_gains,
     check_scenario,
@@ -187,3 +188,14 @@ def test_token_sources_come_from_the_engine_counters() -> None:
     assert (src.looked_up_tokens, src.gpu_cache_tokens, src.offload_tokens) == (1000, 200, 512)
     assert src.computed_tokens == 288 and src.stored_tokens == 256
     assert "cached_by_source:disk" not in counter_delta(before, after)  # absent before
+
+
+def test_nothing_loaded_reads_back_from_old_and_malformed_documents() -> None:
+    """results.json from before the field, or with a hostile value there, reads back without an
+    error: the names of arms that are strings, else none."""
+    doc = run(SINGLE, loaded=0.0).to_json()
+    assert ScenarioChecks.from_json(doc).nothing_loaded == ["offload"]
+    for value, names in ((None, []), (5, []), ("offload", []), (["offload", 3, {}], ["offload"])):
+        assert ScenarioChecks.from_json({**doc, "nothing_loaded": value}).nothing_loaded == names
+    del doc["nothing_loaded"]
+    assert ScenarioChecks.from_json(doc).nothing_loaded == []
