@@ -33,7 +33,7 @@ def test_the_committed_package_list_is_valid_and_every_source_exists(doc: dict[s
             if script:
                 assert (sources.doubles / script).is_file()
     for f in spec.host_doubles:
-        if f.kind == "double":
+        if f.kind in ("double", "file"):
             assert sources.resolve(f).is_file()
 
 
