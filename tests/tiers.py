@@ -61,7 +61,10 @@ from cpu_account import CpuCgroup
 # when every group wants the CPU, the scheduler gives it first to the tiers whose tests judge
 # timing on this machine (the load generator's own accuracy, the embedded engines' agreement with
 # the model, a real vLLM's TTFT), and the lab's Ansible runs, which only take longer, use what is
-# left (https://man7.org/linux/man-pages/man7/sched.7.html, "The nice value").
+# left (https://man7.org/linux/man-pages/man7/sched.7.html, "The nice value"). Not the lab
+# hosts' share, though: each SSH session on a lab host is an autogroup of its own, where the
+# group's niceness does not weigh, so a measurement also raises its own autogroup
+# (tests/measuring.py says how).
 #
 # For balance, the private-lab modules marked ``own_lab_b`` (the MP-server, services and absent
 # labs) run in the shared lab's session (in slots of their own); the deploy lab's modules (the

@@ -1,0 +1,45 @@
+"""tests/measuring.py reads its autogroup's weight from /proc/<pid>/autogroup, so that a
+measurement is put ahead of the lab hosts' SSH sessions and set back afterwards."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from measuring import AUTOGROUP, MEASURING_NICE, ahead_of_the_lab_groups, autogroup_nice
+
+
+@pytest.mark.parametrize(
+    ("text", "nice"),
+    [
+        ("/autogroup-295247 nice 0\n", 0),
+        ("/autogroup-7 nice -10", -10),
+        ("/autogroup-7 nice 19", 19),
+    ],
+)
+def test_the_autogroup_nice_value_is_read(text: str, nice: int) -> None:
+    assert autogroup_nice(text) == nice
+
+
+@pytest.mark.parametrize("text", ["", "/autogroup-7", "nice", "/autogroup-7 nice x"])
+def test_anything_else_is_no_value(text: str) -> None:
+    assert autogroup_nice(text) is None
+
+
+def _autogroup() -> str | None:
+    return AUTOGROUP.read_text() if AUTOGROUP.exists() else None
+
+
+def test_the_measurement_runs_ahead_and_leaves_both_priorities_as_they_were() -> None:
+    """As root (CI): the thread and, where the kernel schedules by autogroup, its autogroup at
+    MEASURING_NICE; without the privilege nothing changes. Either way, all is as before after."""
+    nice_before, group_before = os.getpriority(os.PRIO_PROCESS, 0), _autogroup()
+    autogroups_on = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    with ahead_of_the_lab_groups():
+        if os.geteuid() == 0:
+            assert os.getpriority(os.PRIO_PROCESS, 0) == MEASURING_NICE
+            if group_before is not None and autogroups_on.read_text().strip() == "1":
+                assert autogroup_nice(_autogroup() or "") == MEASURING_NICE
+    assert os.getpriority(os.PRIO_PROCESS, 0) == nice_before
+    assert _autogroup() == group_before
