@@ -11,7 +11,7 @@ feature"). Every lab host runs in a session of its own, and sshd starts a new se
 SSH login: every Ansible task on a lab host runs in a fresh autogroup with full weight, whatever
 the niceness of the lab group that sent it. So the measurement also raises the weight of its own
 autogroup (make test's session) by writing its nice value to /proc/self/autogroup, and sets it
-back afterwards.
+back afterwards (tests/tiers.py does the same for the whole run).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _set_autogroup_nice(nice: int) -> None:
 
 
 @contextlib.contextmanager
-def _autogroup_at(nice: int) -> Iterator[None]:
+def autogroup_at(nice: int) -> Iterator[None]:
     """This session's autogroup at ``nice`` where the kernel has autogroups and permits it."""
     try:
         before = autogroup_nice(AUTOGROUP.read_text())
@@ -69,7 +69,7 @@ def ahead_of_the_lab_groups() -> Iterator[None]:
         yield
         return
     try:
-        with _autogroup_at(MEASURING_NICE):
+        with autogroup_at(MEASURING_NICE):
             yield
     finally:
         os.setpriority(os.PRIO_PROCESS, 0, before)
