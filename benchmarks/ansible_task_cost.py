@@ -9,7 +9,10 @@ trip and a shell, no Python on the host) measured in the same run:
 - ``set_fact``: the controller's own work per task (a worker fork, templating, callbacks);
 - ``raw``: that plus the round trip;
 - ``command`` and ``stat``: that plus a Python module run on the host (AnsiballZ: the module
-  and ansible.module_utils imported from a zip on every task).
+  and ansible.module_utils imported from a zip on every task);
+- ``stat_cached``: ``stat`` with the lab hosts' bytecode cache for zip imports
+  (tests/lab/files/kvops_lab_zip_bytecode.py, loaded here through a sitecustomize on the
+  module's PYTHONPATH instead of the lab's .pth line): what the cache takes off a lab task.
 
 CPU is everything the play made run (ansible-playbook and its forks, ssh, sshd, the module's
 Python): the benchmark's own cgroup where one can be created (root; tests/cpu_account.py),
@@ -42,6 +45,9 @@ KINDS = {
     "stat": "ansible.builtin.stat:\n        path: /",
 }
 REFERENCE = "raw"
+# The lab hosts' zip bytecode cache, installed for one kind of play (see the docstring).
+ZIP_CACHE_HOOK = ROOT / "tests" / "lab" / "files"
+CACHED_KINDS = {"stat_cached": "stat"}
 
 
 def _machine_busy_s() -> float:
@@ -60,10 +66,25 @@ def _positive(text: str) -> int:
     return value
 
 
-def _play(path: Path, kind: str, tasks: int) -> Path:
+def _play(path: Path, kind: str, tasks: int, pythonpath: Path | None = None) -> Path:
+    """A play of ``tasks`` tasks of ``kind``; with ``pythonpath``, its modules' PYTHONPATH."""
     body = "".join(f"    - name: Task {i}\n      {KINDS[kind]}\n" for i in range(tasks))
-    path.write_text(f"---\n- name: {kind}\n  hosts: all\n  gather_facts: false\n  tasks:\n{body}")
+    env = f"  environment:\n    PYTHONPATH: {pythonpath}\n" if pythonpath else ""
+    path.write_text(
+        f"---\n- name: {kind}\n  hosts: all\n  gather_facts: false\n{env}  tasks:\n{body}"
+    )
     return path
+
+
+def _zip_cache_site(folder: Path) -> Path:
+    """A sitecustomize that installs the lab's zip bytecode cache (cache under ``folder``)."""
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(ZIP_CACHE_HOOK)!r})\n"
+        "import kvops_lab_zip_bytecode\n"
+        f"kvops_lab_zip_bytecode.install({str(folder / 'cache')!r})\n"
+    )
+    return folder
 
 
 def main() -> int:
@@ -115,9 +136,14 @@ def main() -> int:
 
         empty = _play(work / "empty.yml", "raw", 0)
         plays = {kind: _play(work / f"{kind}.yml", kind, args.tasks) for kind in KINDS}
+        site = _zip_cache_site(work / "zip-cache-site")
+        for cached, kind in CACHED_KINDS.items():
+            plays[cached] = _play(work / f"{cached}.yml", kind, args.tasks, site)
         cpu_of(plays["raw"])  # warm-up: the ControlPersist master, the page cache
+        for cached in CACHED_KINDS:
+            cpu_of(plays[cached])  # and the cache itself, warm on a lab host after one task
         start_s: list[float] = []
-        per_task: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        per_task: dict[str, list[float]] = {kind: [] for kind in plays}
         for _ in range(args.repeat):  # kinds interleaved, so drifting load hits all alike
             start_s.append(cpu_of(empty))
             for kind, play in plays.items():
@@ -125,10 +151,10 @@ def main() -> int:
         started = statistics.median(start_s)
         print(f"an empty play starts in {started:.2f} CPU-s (taken off each play below)")
         reference = (statistics.median(per_task[REFERENCE]) - started) / args.tasks
-        print(f"{'task':<10} {'CPU-s per task':>15} {'vs ' + REFERENCE:>8}")
+        print(f"{'task':<12} {'CPU-s per task':>15} {'vs ' + REFERENCE:>8}")
         for kind, samples in per_task.items():
             cost = (statistics.median(samples) - started) / args.tasks
-            print(f"{kind:<10} {cost:15.3f} {cost / reference:7.1f}x")
+            print(f"{kind:<12} {cost:15.3f} {cost / reference:7.1f}x")
         print(
             f"({args.tasks} tasks per play, median of {args.repeat}; one host on 127.0.0.1; "
             f"load average {os.getloadavg()[0]:.1f})"
