@@ -31,7 +31,8 @@ from collections.abc import Callable
 
 CompileSource = Callable[[str, bytes], types.CodeType]
 
-_ZIP_COMPILE: CompileSource = zipimport._compile_source  # type: ignore[attr-defined]
+# zipimport's private compile step (Lib/zipimport.py, 3.8 to 3.13); without it, nothing is done.
+_ZIP_COMPILE: CompileSource | None = getattr(zipimport, "_compile_source", None)
 
 
 def cache_dir_for_this_user() -> str:
@@ -58,7 +59,7 @@ def private_folder(path: str) -> bool:
 
 
 def cached_compile(
-    pathname: str, source: bytes, cache_dir: str, compile_source: CompileSource = _ZIP_COMPILE
+    pathname: str, source: bytes, cache_dir: str, compile_source: CompileSource
 ) -> types.CodeType:
     """zipimport's compile step, through the cache; any cache trouble means a plain compile."""
     if not private_folder(cache_dir):
@@ -84,10 +85,15 @@ def cached_compile(
 
 
 def install(cache_dir: str | None = None) -> None:
-    """Called by the ``.pth`` line at interpreter start-up (``cache_dir``: tests only)."""
+    """Called by the ``.pth`` line at interpreter start-up (``cache_dir``: tests only). A
+    Python whose zipimport has no such step is left as it is: a ``.pth`` line that raised would
+    print its traceback at every start-up of every Python on the host."""
+    compile_source = _ZIP_COMPILE
+    if compile_source is None:
+        return
     cache_dir = cache_dir or cache_dir_for_this_user()
 
     def compile_through_cache(pathname: str, source: bytes) -> types.CodeType:
-        return cached_compile(pathname, source, cache_dir)
+        return cached_compile(pathname, source, cache_dir, compile_source)
 
     zipimport._compile_source = compile_through_cache  # type: ignore[attr-defined]
