@@ -63,12 +63,12 @@ from measuring import MEASURING_NICE, autogroup_at
 # timing on this machine (the load generator's own accuracy, the embedded engines' agreement with
 # the model, a real vLLM's TTFT), and the lab's Ansible runs, which only take longer, use what is
 # left (https://man7.org/linux/man-pages/man7/sched.7.html, "The nice value"). That holds for
-# the lab hosts' work too only because the run raises its own autogroup: each SSH session on a
-# lab host is an autogroup of its own, where the groups' niceness does not weigh
-# (tests/measuring.py says why). Measured before, in a CI-mode run: the unit+integration+engine
-# group, the one not niced, got 0.67 of a core (859 CPU-s in 1,283 s), ended last, and the load
-# generator's accuracy test found its client the bottleneck in 12 tries out of 12.
-SESSION_AUTOGROUP_NICE = MEASURING_NICE
+# the lab hosts' work too only because the run raises its own autogroup (SESSION_AUTOGROUP_NICE):
+# each SSH session on a lab host is an autogroup of its own, where the groups' niceness does not
+# weigh (tests/measuring.py says why). Seen before, in a CI-mode run: the load generator's
+# accuracy test found its client the bottleneck in 12 tries out of 12 beside the lab. (The group
+# that is not niced still ends last, on ~0.7 of a core: it waits more than it computes - real
+# engines starting, timed traffic - so its length is its own, not the lab's doing.)
 #
 # For balance, the private-lab modules marked ``own_lab_b`` (the MP-server, services and absent
 # labs) run in the shared lab's session (in slots of their own); the deploy lab's modules (the
@@ -84,6 +84,8 @@ GROUPS: tuple[tuple[str, str, int], ...] = (
     ("lab-own", "lab and own_lab and not own_lab_b", 10),
     ("unit+integration+engine", "not lab", 0),
 )
+# The run's own session (its autogroup) ahead of the lab hosts' SSH sessions (above).
+SESSION_AUTOGROUP_NICE = MEASURING_NICE
 PREPARE: tuple[str, ...] = ("bash", str(Path(__file__).parent / "engine" / "install_engine.sh"))
 # The order the tiers run in within one pytest process (tests/conftest.py): the fast ones first,
 # so a broken change fails in seconds, and the engine tier after the unit and integration tiers,
