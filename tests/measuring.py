@@ -58,6 +58,19 @@ def autogroup_at(nice: int) -> Iterator[None]:
             _set_autogroup_nice(before)
 
 
+def weigh_as_this_session(pid: int) -> None:
+    """Give a child started in a session of its own (``start_new_session``: so that it and its
+    children are stopped together) this session's autogroup weight, where permitted: a new
+    session starts a new autogroup at nice 0, and a real vLLM or a simulated engine a test
+    measures would otherwise weigh no more than one lab host's SSH login (above)."""
+    try:
+        nice = autogroup_nice(AUTOGROUP.read_text())
+        if nice is not None:
+            Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+    except OSError:  # no autogroups, not permitted, or the child is gone
+        pass
+
+
 @contextlib.contextmanager
 def ahead_of_the_lab_groups() -> Iterator[None]:
     """This thread, and the processes it starts meanwhile, at MEASURING_NICE where permitted,

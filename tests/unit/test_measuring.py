@@ -4,10 +4,18 @@ measurement is put ahead of the lab hosts' SSH sessions and set back afterwards.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from measuring import AUTOGROUP, MEASURING_NICE, ahead_of_the_lab_groups, autogroup_nice
+from measuring import (
+    AUTOGROUP,
+    MEASURING_NICE,
+    ahead_of_the_lab_groups,
+    autogroup_at,
+    autogroup_nice,
+    weigh_as_this_session,
+)
 
 
 @pytest.mark.parametrize(
@@ -43,3 +51,21 @@ def test_the_measurement_runs_ahead_and_leaves_both_priorities_as_they_were() ->
                 assert autogroup_nice(_autogroup() or "") == MEASURING_NICE
     assert os.getpriority(os.PRIO_PROCESS, 0) == nice_before
     assert _autogroup() == group_before
+
+
+def test_a_child_in_a_session_of_its_own_weighs_as_this_session() -> None:
+    """As root with autogroups on: the child's new autogroup takes this session's nice value;
+    otherwise it keeps its own and nothing fails."""
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        own = Path(f"/proc/{child.pid}/autogroup")
+        with autogroup_at(-3):
+            weigh_as_this_session(child.pid)
+            ours = _autogroup()
+            if os.geteuid() == 0 and ours is not None and autogroup_nice(ours) == -3:
+                assert autogroup_nice(own.read_text()) == -3
+                assert own.read_text().split()[0] != ours.split()[0]  # its own autogroup
+    finally:
+        child.kill()
+        child.wait()
+    weigh_as_this_session(child.pid)  # gone: nothing to do, nothing raised
