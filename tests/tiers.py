@@ -50,7 +50,7 @@ from typing import IO, Protocol
 
 import cpu_account
 from cpu_account import CpuCgroup
-from measuring import MEASURING_NICE, autogroup_at
+from measuring import MEASURING_NICE, autogroup_at, weigh_as_this_session
 
 # (name, marker expression, niceness): every tier in exactly one group (tests/conftest.py's
 # TIERS). The lab tier is two groups: its time goes mostly to waiting (SSH round trips, the lab
@@ -349,6 +349,10 @@ def run(
     session_ahead_of_the_lab_hosts = contextlib.ExitStack()
     try:
         session_ahead_of_the_lab_hosts.enter_context(autogroup_at(SESSION_AUTOGROUP_NICE))
+        if preparation is not None:
+            # its own session, so its own autogroup: as much weight as the run's, as before the
+            # run raised its own (niced inside it; a fresh machine's engine tier waits for it)
+            weigh_as_this_session(preparation.pid)
         for group in groups:
             group.log = group.log_path.open("wb")
             group.started_s = time.monotonic()
