@@ -61,8 +61,12 @@ def autogroup_at(nice: int) -> Iterator[None]:
 def weigh_as_this_session(pid: int) -> None:
     """Give a child started in a session of its own (``start_new_session``: so that it and its
     children are stopped together) this session's autogroup weight, where permitted: a new
-    session starts a new autogroup at nice 0, and a real vLLM or a simulated engine a test
-    measures would otherwise weigh no more than one lab host's SSH login (above)."""
+    session starts a new autogroup at nice 0 (tests/tiers.py's background engine install).
+    Not used for the engines the tests start: tried for the real vLLMs, LMCache's server and
+    `kvops sim serve` in one CI-mode run, it shortened the engine tier (vLLM starts 62-91 s
+    instead of 83-156 s) by taking the CPU from the lab's own A/B, whose engines run in the lab
+    hosts' sessions: that A/B read "no significant difference", +43 % [-49 %, +296 %], and
+    passed only on its rerun."""
     try:
         nice = autogroup_nice(AUTOGROUP.read_text())
         if nice is not None:

@@ -15,8 +15,6 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from measuring import weigh_as_this_session
-
 from kvops.abtest.embedded import free_port
 
 OFFLOAD = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
@@ -39,7 +37,6 @@ def sim_server(gds: Path | None, log: Path, *extra: str) -> Iterator[str]:
         proc = subprocess.Popen(
             args, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
         )
-    weigh_as_this_session(proc.pid)  # its own session: as much CPU as the test's
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

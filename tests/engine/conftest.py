@@ -47,7 +47,6 @@ from typing import Any
 import pytest
 import yaml
 from ci_rule import unavailable
-from measuring import weigh_as_this_session
 from role_files import role_vars_file
 
 HERE = Path(__file__).resolve().parent
@@ -397,7 +396,6 @@ def launch_engine(
             env=env,
             start_new_session=True,
         )
-    weigh_as_this_session(proc.pid)  # the engine's own session: as much CPU as the test's
     with PIDFILE.open("a") as fh:
         fh.write(f"{proc.pid}\n")
     return Engine(name, port, proc, log_path, kv_dir, time.monotonic(), role.argv, env, role)

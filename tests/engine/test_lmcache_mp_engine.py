@@ -39,7 +39,6 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar, trust_as_template
 from greedy_requests import greedy_completion, post_json, same_answer
-from measuring import weigh_as_this_session
 
 from kvops.parse.prometheus import parse_prometheus_text
 from kvops.smoke.judge import LMCACHE_HIT, LMCACHE_STORED
@@ -94,7 +93,6 @@ class Server:
                 env=self.env,
                 start_new_session=True,
             )
-        weigh_as_this_session(self.proc.pid)
         deadline = time.monotonic() + SERVER_START_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
