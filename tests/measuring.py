@@ -36,8 +36,9 @@ def autogroup_nice(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _set_autogroup_nice(nice: int) -> None:
-    AUTOGROUP.write_text(f"{nice}\n")
+def _set_autogroup_nice(nice: int, pid: int | None = None) -> None:
+    """Of this session's autogroup, or of the one process ``pid`` leads."""
+    (AUTOGROUP if pid is None else Path(f"/proc/{pid}/autogroup")).write_text(f"{nice}\n")
 
 
 @contextlib.contextmanager
@@ -70,7 +71,7 @@ def weigh_as_this_session(pid: int) -> None:
     try:
         nice = autogroup_nice(AUTOGROUP.read_text())
         if nice is not None:
-            Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+            _set_autogroup_nice(nice, pid)
     except OSError:  # no autogroups, not permitted, or the child is gone
         pass
 

@@ -20,6 +20,7 @@ environments (the engine's) do not read the system's ``.pth`` files and are not 
 from __future__ import annotations
 
 import _imp
+import functools
 import hashlib
 import marshal
 import os
@@ -42,9 +43,11 @@ def cache_dir_for_this_user() -> str:
     return f"/var/tmp/kvops-lab-zip-bytecode-{os.getuid()}-{tag}"
 
 
+@functools.cache
 def private_folder(path: str) -> bool:
     """Create ``path`` (0700) or accept it only if it is this user's own folder that nobody else
-    can write: a cache another user can write into would run their code as this user."""
+    can write: a cache another user can write into would run their code as this user. Looked at
+    once per process (an Ansible module imports ~40 modules from its zip)."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
