@@ -116,7 +116,7 @@ def installed_site_second_run(
             "kvops.gds.site", "--limit", ",".join(converge_hosts(lab)),
         ],
         cwd=operator_collection.user_dir,
-        env={**operator_collection.env(lab.env()), "PYTHONPATH": str(REPO)},
+        env=operator_collection.env(lab.env({"PYTHONPATH": str(REPO)})),
         capture_output=True,
         text=True,
         timeout=900,

@@ -23,6 +23,8 @@ from kvops.lab.lab import Lab, LabState, claim_free_slot
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES_SPEC = REPO_ROOT / "tests" / "lab" / "packages.yml"
+# sitecustomize + the import scan cache of the Ansible controllers the lab tests start
+CONTROLLER_AIDS = REPO_ROOT / "tests" / "lab" / "controller"
 DOUBLES_LOG_DIR = "/var/log/kvops-test-doubles"
 GPUS_FILE = "/etc/kvops-test-doubles/gpus"  # read by the nvidia-smi double
 # For `kvops validate` on lab hosts: host var `kvops_probe_roots: PROBE_ROOTS` points the probe
@@ -64,7 +66,8 @@ class LabHosts:
 
     # ---- Ansible --------------------------------------------------------------------------
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        """Environment for ansible-* commands: the repo's ansible.cfg, the venv's bin first."""
+        """Environment for ansible-* commands: the repo's ansible.cfg, the venv's bin first, the
+        lab's controller aids on PYTHONPATH (``extra`` may add to it)."""
         env = dict(os.environ)
         venv_bin = str(Path(sys.executable).parent)
         env.update(
@@ -79,6 +82,11 @@ class LabHosts:
             }
         )
         env.update(extra or {})
+        # the controller's import scan cache (tests/lab/controller/, README: "speed aids"), first
+        # on whatever path a test gives
+        env["PYTHONPATH"] = os.pathsep.join(
+            entry for entry in (str(CONTROLLER_AIDS), env.get("PYTHONPATH", "")) if entry
+        )
         return env
 
     def ansible_playbook(

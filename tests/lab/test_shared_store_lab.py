@@ -261,8 +261,7 @@ def fleet_ab_test_deploy(
     # trial deploys each variant once on both hosts; more only repeat those runs).
     argv += ["--workload", str(FLEET_WORKLOAD), "--trials", "1", "--warmup-iterations", "0",
              "--route", "prefix-handoff", "--out", str(out), "--json"]  # fmt: skip
-    env = installed.env(fleet.env())
-    env.update(PYTHONPATH=str(REPO), JUNIT_OUTPUT_DIR=str(junit))
+    env = installed.env(fleet.env({"PYTHONPATH": str(REPO), "JUNIT_OUTPUT_DIR": str(junit)}))
     proc = subprocess.run(
         argv, capture_output=True, text=True, env=env, timeout=1200, cwd=installed.user_dir
     )

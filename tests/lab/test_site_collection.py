@@ -74,7 +74,7 @@ def test_installed_collection_converges_and_validates_the_lab(
 ) -> None:
     names = converge_hosts(lab)
     user = operator_collection.user_dir  # the operator's own configuration, not the checkout's
-    env = {**operator_collection.env(lab.env()), "PYTHONPATH": str(REPO)}
+    env = operator_collection.env(lab.env({"PYTHONPATH": str(REPO)}))
     ghost = tmp_path / "ghost.yml"
     ghost_vars = {"ansible_host": lab.gateway_ip, "ansible_port": 1, "ansible_user": lab.user}
     ghost.write_text(
