@@ -24,6 +24,9 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "doubles"))
 
 from ontap_rest_double import STATES, Cluster, DoublePki, OntapRestDouble, make_test_pki
 
+# Runs in the lab-own group's process (tests/tiers.py): Ansible runs, no timing verdict.
+pytestmark = pytest.mark.beside_lab_own
+
 REPO = Path(__file__).parents[2]
 PLAYBOOK = REPO / "playbooks" / "ontap.yml"
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"

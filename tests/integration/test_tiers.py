@@ -54,7 +54,12 @@ def test_fails():
 def test_every_tier_runs_in_exactly_one_group(pytestconfig: pytest.Config) -> None:
     tiers = [line.split(":", 1)[0].strip() for line in pytestconfig.getini("markers")]
     assert {"unit", "integration", "lab", "engine", "own_lab", "own_lab_b"} <= set(tiers)
-    for marks in [{tier} for tier in tiers] + [{"lab", "own_lab"}, {"lab", "own_lab", "own_lab_b"}]:
+    combined = [
+        {"lab", "own_lab"},
+        {"lab", "own_lab", "own_lab_b"},
+        {"integration", "beside_lab_own"},
+    ]
+    for marks in [{tier} for tier in tiers] + combined:
         selected = [name for name, marker, _ in GROUPS if _selects(marker, marks)]
         assert len(selected) == 1, (marks, selected)
 
