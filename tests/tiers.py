@@ -81,9 +81,10 @@ from measuring import MEASURING_NICE, autogroup_at, weigh_as_this_session
 # the tiers that judge timing.
 #
 # And the other way: the unit+integration+engine group ended last in every CI-mode run (by 50 to
-# 160 s: it waits on real engines and timed traffic), the lab-own group first, so the integration
-# module that drives Ansible against the ONTAP REST double (``beside_lab_own``: ~60 s, no timing
-# verdict) runs in the lab-own process, niced with it.
+# 160 s: it waits on real engines and timed traffic), the lab-own group first, so integration
+# modules without a timing verdict (``beside_lab_own``: Ansible against the ONTAP REST double,
+# ONTAP validation, the collection build, the inventory, a campaign's resume; ~100 s in all) run
+# in the lab-own process, niced with it.
 GROUPS: tuple[tuple[str, str, int], ...] = (
     ("lab-shared", "lab and (not own_lab or own_lab_b)", 10),
     ("lab-own", "(lab and own_lab and not own_lab_b) or beside_lab_own", 10),

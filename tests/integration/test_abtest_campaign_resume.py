@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# Runs in the lab-own group's process (tests/tiers.py): no timing verdict.
+pytestmark = pytest.mark.beside_lab_own
+
 CAMPAIGN = [sys.executable, "-m", "kvops", "ab-test", "--scenario", "multi-shared-prefix",
             "--scale", "0.02", "--trials", "2", "--seed", "7"]  # fmt: skip
 

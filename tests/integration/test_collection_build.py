@@ -26,6 +26,9 @@ from old_pythons import oldest_supported_python
 
 from kvops.probe.bundle import SHIPPED
 
+# Runs in the lab-own group's process (tests/tiers.py): no timing verdict.
+pytestmark = pytest.mark.beside_lab_own
+
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "tasks").is_dir())
 PLAYBOOKS = sorted(p.stem for p in (REPO / "playbooks").glob("*.yml"))
 

@@ -22,6 +22,9 @@ from kvops.remote.inventory import (
     probe_settings,
 )
 
+# Runs in the lab-own group's process (tests/tiers.py): no timing verdict.
+pytestmark = pytest.mark.beside_lab_own
+
 VAULT_PASSWORD = "kvops-test-vault-password"
 
 

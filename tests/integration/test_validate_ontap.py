@@ -31,6 +31,9 @@ from kvops.ontap.client import Credentials  # noqa: E402
 from kvops.ontap.collect import collect  # noqa: E402
 from kvops.ontap.target import OntapTarget  # noqa: E402
 
+# Runs in the lab-own group's process (tests/tiers.py): no timing verdict.
+pytestmark = pytest.mark.beside_lab_own
+
 GOOD = json.loads((STATES / "good.json").read_text(encoding="utf-8"))
 ADMIN = Credentials("admin", "netapp1!")
 HOSTS = {"gpu-01": "192.168.10.30", "gpu-02": "192.168.10.31"}
