@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -94,10 +95,19 @@ def _record(name: str, seconds: float) -> None:
     (RUNS / "timings.json").write_text(json.dumps(TIMINGS, indent=2) + "\n")
 
 
+NOTES: list[str] = []
+
+
+def _record_note(note: str) -> None:
+    NOTES.append(note[:500])
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if TIMINGS:
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items())
         terminalreporter.write_line(f"engine tier timings: {parts}")
+    for note in NOTES:
+        terminalreporter.write_line(note)
 
 
 # The session's two engines while they run: stopped as soon as the engine tier is over (below)
@@ -138,33 +148,46 @@ def engine_venv() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="session")
-def tiny_model(engine_venv: Path) -> Path:
-    """The seeded tiny Llama, cached by a hash of its build script (rebuilt when it changes)."""
+def tiny_model_path() -> Path:
+    """Where the seeded tiny Llama is cached: by a hash of its build script."""
     import hashlib
 
-    script = HERE / "build_tiny_model.py"
-    digest = hashlib.sha256(script.read_bytes()).hexdigest()[:12]
-    target = CACHE / f"tiny-model-{digest}"
+    digest = hashlib.sha256((HERE / "build_tiny_model.py").read_bytes()).hexdigest()[:12]
+    return CACHE / f"tiny-model-{digest}"
+
+
+def build_tiny_model(venv: Path) -> Path:
+    """The cached tiny model, built with the engine venv's Python if missing; raises
+    RuntimeError with the build's errors."""
+    target = tiny_model_path()
     if (target / "kvops-tiny-model.json").exists():
         return target
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="tiny-model-", dir=CACHE))
     proc = subprocess.run(
-        [str(engine_venv / "bin" / "python"), str(script), str(tmp)],
+        [str(venv / "bin" / "python"), str(HERE / "build_tiny_model.py"), str(tmp)],
         capture_output=True,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )
     if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        pytest.fail(f"building the tiny model failed:\n{proc.stderr[-2000:]}", pytrace=False)
+        raise RuntimeError(proc.stderr[-2000:])
     try:
         tmp.rename(target)
-    except OSError:  # another session built it meanwhile
+    except OSError:  # another session (or the prestart) built it meanwhile
         shutil.rmtree(tmp, ignore_errors=True)
     _record("model_build_s", time.monotonic() - t0)
     return target
+
+
+@pytest.fixture(scope="session")
+def tiny_model(engine_venv: Path) -> Path:
+    """The seeded tiny Llama, cached by a hash of its build script (rebuilt when it changes)."""
+    try:
+        return build_tiny_model(engine_venv)
+    except RuntimeError as exc:
+        pytest.fail(f"building the tiny model failed:\n{exc}", pytrace=False)
 
 
 def _free_port() -> int:
@@ -307,6 +330,7 @@ class Engine:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     role: RoleRendering | None = None
+    ready: bool = False  # /health answered once: its start time is recorded
 
     @property
     def url(self) -> str:
@@ -325,6 +349,19 @@ class Engine:
         wait_ready(self, timeout_s)
 
 
+@dataclass
+class Launch:
+    """Everything `vllm serve` needs, rendered and written, not started yet (`start`)."""
+
+    name: str
+    port: int
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    kv_dir: Path | None
+    role: RoleRendering
+
+
 def launch_engine(
     name: str,
     venv: Path,
@@ -338,7 +375,30 @@ def launch_engine(
     role_vars: dict[str, object] | None = None,
 ) -> Engine:
     """Start the role's `variant` as `vllm serve` in its own process group, its config files
-    under `root` (etc/, home/, gds/); `wait_ready` blocks until /health is 200.
+    under `root` (etc/, home/, gds/); `wait_ready` blocks until /health is 200. The arguments
+    are `plan_launch`'s."""
+    return start(
+        plan_launch(
+            name, venv, model, variant, root,
+            seam=seam, gds_dir=gds_dir, extra_env=extra_env, role_vars=role_vars,
+        )
+    )  # fmt: skip
+
+
+def plan_launch(
+    name: str,
+    venv: Path,
+    model: Path,
+    variant: str,
+    root: Path,
+    *,
+    seam: bool = True,
+    gds_dir: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    role_vars: dict[str, object] | None = None,
+) -> Launch:
+    """The role's `variant` rendered (Ansible's templar: call it from the main thread) and its
+    files written under `root`, on a free port.
 
     `seam`: load LMCache's device-seam test double (offload variants; False shows what LMCache
     does on this host without it). `gds_dir`: another engine's gds_path (cross-process reuse).
@@ -386,31 +446,42 @@ def launch_engine(
         env["KVOPS_TEST_LMCACHE_DEVICE_SEAM"] = str(SEAM_DOUBLE)
     env.update(extra_env or {})
     RUNS.mkdir(parents=True, exist_ok=True)
-    log_path = RUNS / f"vllm-{name}.log"
-    with log_path.open("wb") as log:
+    return Launch(name, port, role.argv, env, RUNS / f"vllm-{name}.log", kv_dir, role)
+
+
+def start(launch: Launch) -> Engine:
+    """`vllm serve` as planned, in its own process group (recorded in PIDFILE)."""
+    with launch.log_path.open("wb") as log:
         proc = subprocess.Popen(
-            role.argv,
+            launch.argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=launch.env,
             start_new_session=True,
         )
     with PIDFILE.open("a") as fh:
         fh.write(f"{proc.pid}\n")
-    return Engine(name, port, proc, log_path, kv_dir, time.monotonic(), role.argv, env, role)
+    return Engine(
+        launch.name, launch.port, proc, launch.log_path, launch.kv_dir, time.monotonic(),
+        launch.argv, launch.env, launch.role,
+    )  # fmt: skip
 
 
-def wait_ready(engine: Engine, timeout_s: float = START_TIMEOUT_S) -> None:
+def wait_ready(
+    engine: Engine, timeout_s: float = START_TIMEOUT_S, stop: threading.Event | None = None
+) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
         if engine.proc.poll() is not None:
             raise RuntimeError(
                 f"vllm {engine.name} exited with {engine.proc.returncode} while starting:\n"
                 f"{engine.log_tail()}"
             )
         if _healthy(engine.url):
-            _record(f"start_{engine.name}_s", time.monotonic() - engine.started_s)
+            if not engine.ready:
+                _record(f"start_{engine.name}_s", time.monotonic() - engine.started_s)
+                engine.ready = True
             return
         time.sleep(0.5)
     raise RuntimeError(
@@ -418,22 +489,110 @@ def wait_ready(engine: Engine, timeout_s: float = START_TIMEOUT_S) -> None:
     )
 
 
+ARMS = ("baseline", "offload")
+
+
+class Prestart:
+    """The session's two engines, started in the background while the tiers before this one
+    run (pytest_collection_finish): a vLLM start is a minute or two of imports in three
+    processes, on the critical path of the group this tier runs in (tests/tiers.py), and each
+    engine sits idle once up (vLLM's readers stop spinning after a second without work). The
+    role is rendered in the main thread (Ansible's templar is not for threads); the thread
+    waits for the engine venv (install_engine.sh, locked against tests/tiers.py's own
+    preparation) and the tiny model, then starts both and waits for /health. The `engines`
+    fixture takes them; anything that went wrong here is left to that fixture to meet again
+    and report as it always did."""
+
+    def __init__(self, venv: Path, root: Path, launches: list[Launch]) -> None:
+        self.venv, self.root, self.launches = venv, root, launches
+        self.engines: dict[str, Engine] = {}
+        self.error: str | None = None
+        self.stopping = threading.Event()
+        self._starting = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="engine-prestart", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            with (RUNS / "prestart-install.log").open("w") as log:
+                proc = subprocess.run(
+                    ["bash", str(HERE / "install_engine.sh")],
+                    stdout=subprocess.PIPE, stderr=log, text=True,
+                )  # fmt: skip
+            lines = proc.stdout.strip().splitlines()
+            if proc.returncode != 0 or not lines or Path(lines[-1]) != self.venv:
+                raise RuntimeError(f"install_engine.sh: exit {proc.returncode}, {lines[-1:]}")
+            build_tiny_model(self.venv)
+            with self._starting:
+                if self.stopping.is_set():
+                    return
+                self.engines = {launch.name: start(launch) for launch in self.launches}
+            for engine in self.engines.values():
+                wait_ready(engine, stop=self.stopping)
+        except Exception as exc:  # any failure: the fixture starts them itself and reports
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.stop()
+
+    def take(self) -> dict[str, Engine]:
+        """Both engines, healthy; {} (all stopped) if the prestart did not get there."""
+        self.thread.join()
+        if self.error is not None or set(self.engines) != set(ARMS):
+            _record_note(f"engine prestart: {self.error or 'stopped'}; started by the fixture")
+            self.stop()
+            return {}
+        return self.engines
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self._starting:  # nothing starts after this
+            for engine in self.engines.values():
+                engine.stop()
+
+
+_PRESTART: list[Prestart] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Prestart the session's engines when a selected test will use them."""
+    if session.config.option.collectonly or _PRESTART:
+        return
+    if not any("engines" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    _reap_stale_engines()
+    venv = Path(os.environ.get("KVOPS_ENGINE_VENV", str(CACHE / "engine-venv")))
+    root = Path(tempfile.mkdtemp(prefix="kvops-engines-"))
+    launches = [plan_launch(arm, venv, tiny_model_path(), arm, root / arm) for arm in ARMS]
+    _PRESTART.append(Prestart(venv, root, launches))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Prestarted engines no test took (an interrupted session) are stopped."""
+    while _PRESTART:
+        prestart = _PRESTART.pop()
+        prestart.stop()
+        shutil.rmtree(prestart.root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def engines(
     engine_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Engine]]:
     """Both arms, started together (their start-up is mostly single-threaded Python) and
-    stopped together at the end of the session, whatever happened in between."""
-    _reap_stale_engines()
-    root = tmp_path_factory.mktemp("engines")
-    started: dict[str, Engine] = {}
+    stopped together at the end of the session, whatever happened in between: the prestarted
+    pair if it got up, else started here."""
+    prestart = _PRESTART.pop() if _PRESTART else None
+    started: dict[str, Engine] = prestart.take() if prestart is not None else {}
+    if started and prestart is not None:
+        root = prestart.root
+    else:
+        if prestart is not None:
+            shutil.rmtree(prestart.root, ignore_errors=True)
+        _reap_stale_engines()
+        root = tmp_path_factory.mktemp("engines")
     try:
-        started["baseline"] = launch_engine(
-            "baseline", engine_venv, tiny_model, "baseline", root / "baseline"
-        )
-        started["offload"] = launch_engine(
-            "offload", engine_venv, tiny_model, "offload", root / "offload"
-        )
+        for arm in ARMS:
+            if arm not in started:
+                started[arm] = launch_engine(arm, engine_venv, tiny_model, arm, root / arm)
         for engine in started.values():
             try:
                 wait_ready(engine)
