@@ -493,15 +493,15 @@ ARMS = ("baseline", "offload")
 
 
 class Prestart:
-    """The session's two engines, started in the background while the tiers before this one
-    run (pytest_collection_finish): a vLLM start is a minute or two of imports in three
-    processes, on the critical path of the group this tier runs in (tests/tiers.py), and each
-    engine sits idle once up (vLLM's readers stop spinning after a second without work). The
-    role is rendered in the main thread (Ansible's templar is not for threads); the thread
-    waits for the engine venv (install_engine.sh, locked against tests/tiers.py's own
-    preparation) and the tiny model, then starts both and waits for /health. The `engines`
-    fixture takes them; anything that went wrong here is left to that fixture to meet again
-    and report as it always did."""
+    """The session's two engines, started in the background while the tests before this tier
+    run (from the test pytest_collection_finish names): a vLLM start is a minute or two of
+    imports in three processes, on the critical path of the group this tier runs in
+    (tests/tiers.py), and an engine that is up sits idle (vLLM's readers stop spinning a second
+    after their last work). The role is rendered in the main thread (Ansible's templar is not
+    for threads); the thread waits for the engine venv (install_engine.sh, locked against
+    tests/tiers.py's own preparation) and the tiny model, then starts both and waits for
+    /health. The `engines` fixture takes them; whatever went wrong here, that fixture meets
+    again and reports as it always did."""
 
     def __init__(self, venv: Path, root: Path, launches: list[Launch]) -> None:
         self.venv, self.root, self.launches = venv, root, launches
@@ -510,7 +510,10 @@ class Prestart:
         self.stopping = threading.Event()
         self._starting = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="engine-prestart", daemon=True)
-        self.thread.start()
+
+    def begin(self) -> None:
+        if not self.thread.is_alive() and not self.stopping.is_set():
+            self.thread.start()
 
     def _run(self) -> None:
         try:
@@ -535,6 +538,9 @@ class Prestart:
 
     def take(self) -> dict[str, Engine]:
         """Both engines, healthy; {} (all stopped) if the prestart did not get there."""
+        if self.thread.ident is None:  # never begun (its trigger test did not run)
+            self.stop()
+            return {}
         self.thread.join()
         if self.error is not None or set(self.engines) != set(ARMS):
             _record_note(f"engine prestart: {self.error or 'stopped'}; started by the fixture")
@@ -552,17 +558,39 @@ class Prestart:
 _PRESTART: list[Prestart] = []
 
 
+@dataclass(eq=False)  # hashable: pluggy keeps its plugins in sets
+class BeginBefore:
+    """A plugin (registered, so it sees every test, not only this directory's) that begins the
+    prestart when the test ``nodeid`` starts."""
+
+    nodeid: str
+    prestart: Prestart
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if item.nodeid == self.nodeid:
+            self.prestart.begin()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Prestart the session's engines when a selected test will use them."""
+    """Prestart the session's engines when a selected test will use them: from the test after
+    the last one before this tier whose verdict rests on timings (``timing``: the load
+    generator's accuracy, the embedded engines' agreement, the A/A), so that no such
+    measurement shares the CPU with two vLLMs starting."""
+    items = session.items
     if session.config.option.collectonly or _PRESTART:
         return
-    if not any("engines" in getattr(item, "fixturenames", ()) for item in session.items):
+    if not any("engines" in getattr(item, "fixturenames", ()) for item in items):
         return
+    first_here = next(i for i, item in enumerate(items) if item.path.is_relative_to(HERE))
+    timed = [i for i, item in enumerate(items[:first_here]) if item.get_closest_marker("timing")]
     _reap_stale_engines()
     venv = Path(os.environ.get("KVOPS_ENGINE_VENV", str(CACHE / "engine-venv")))
     root = Path(tempfile.mkdtemp(prefix="kvops-engines-"))
     launches = [plan_launch(arm, venv, tiny_model_path(), arm, root / arm) for arm in ARMS]
-    _PRESTART.append(Prestart(venv, root, launches))
+    prestart = Prestart(venv, root, launches)
+    _PRESTART.append(prestart)
+    trigger = items[timed[-1] + 1 if timed else 0].nodeid
+    session.config.pluginmanager.register(BeginBefore(trigger, prestart), "kvops-engine-prestart")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
