@@ -89,10 +89,14 @@ ROLE_TEST_VARS: dict[str, object] = {
 }
 
 
+_RECORDING = threading.Lock()  # the prestart's thread records its engines' start times too
+
+
 def _record(name: str, seconds: float) -> None:
-    TIMINGS[name] = round(seconds, 1)
-    RUNS.mkdir(parents=True, exist_ok=True)
-    (RUNS / "timings.json").write_text(json.dumps(TIMINGS, indent=2) + "\n")
+    with _RECORDING:
+        TIMINGS[name] = round(seconds, 1)
+        RUNS.mkdir(parents=True, exist_ok=True)
+        (RUNS / "timings.json").write_text(json.dumps(TIMINGS, indent=2) + "\n")
 
 
 NOTES: list[str] = []
