@@ -366,27 +366,11 @@ class Launch:
     role: RoleRendering
 
 
-def launch_engine(
-    name: str,
-    venv: Path,
-    model: Path,
-    variant: str,
-    root: Path,
-    *,
-    seam: bool = True,
-    gds_dir: Path | None = None,
-    extra_env: dict[str, str] | None = None,
-    role_vars: dict[str, object] | None = None,
-) -> Engine:
-    """Start the role's `variant` as `vllm serve` in its own process group, its config files
-    under `root` (etc/, home/, gds/); `wait_ready` blocks until /health is 200. The arguments
-    are `plan_launch`'s."""
-    return start(
-        plan_launch(
-            name, venv, model, variant, root,
-            seam=seam, gds_dir=gds_dir, extra_env=extra_env, role_vars=role_vars,
-        )
-    )  # fmt: skip
+def launch_engine(*args: Any, **kwargs: Any) -> Engine:
+    """`plan_launch(*args, **kwargs)`, started: the role's `variant` as `vllm serve` in its own
+    process group, its config files under `root` (etc/, home/, gds/); `wait_ready` blocks until
+    /health is 200."""
+    return start(plan_launch(*args, **kwargs))
 
 
 def plan_launch(

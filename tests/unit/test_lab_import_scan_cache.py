@@ -133,7 +133,12 @@ def test_a_damaged_entry_is_scanned_again_and_replaced(
     cache, source = tmp_path / "scans", b"import ansible.module_utils.a\n"
     _patched(scan_cache, cache).scan("m", source)
     (entry,) = cache.iterdir()
-    for damage in ("{not json", json.dumps({"submodules": [[1]], "optional_imports": []})):
+    oversized = json.dumps({"submodules": [["x" * 2**20]], "optional_imports": []})
+    for damage in (
+        "{not json",
+        json.dumps({"submodules": [[1]], "optional_imports": []}),
+        oversized,
+    ):
         entry.write_text(damage)
         common = _patched(scan_cache, cache)
         assert common.scan("m", source).submodules == {("ansible", "module_utils", "a")}

@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 MODULE = "ansible.executor.module_common"
+# A scan lists a source's module_utils imports: a few kB (the largest seen: 5 kB). More is not ours.
+MAX_ENTRY_BYTES = 1 << 20
 ImportNames = set[tuple[str, ...]]
 
 
@@ -84,8 +86,11 @@ def load_scan(cache_dir: str, key: str) -> tuple[ImportNames, ImportNames] | Non
     if not private_folder(cache_dir):
         return None
     try:
-        with open(os.path.join(cache_dir, key), encoding="utf-8") as entry:
-            doc = json.load(entry)
+        with open(os.path.join(cache_dir, key), "rb") as entry:
+            raw = entry.read(MAX_ENTRY_BYTES + 1)
+        if len(raw) > MAX_ENTRY_BYTES:
+            raise ValueError("larger than any scan this module writes")
+        doc = json.loads(raw)
         return _names(doc["submodules"]), _names(doc["optional_imports"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -23,9 +23,7 @@ def _run_the_hidden_sitecustomize() -> None:
 
 
 def _install() -> None:
-    if _HERE not in sys.path:
-        sys.path.append(_HERE)
-    import kvops_lab_import_scan_cache
+    import kvops_lab_import_scan_cache  # this folder is on PYTHONPATH (LabHosts.env)
 
     kvops_lab_import_scan_cache.install()
 
