@@ -29,7 +29,15 @@ waiting for it at the start of their group. Its log is ``prepare.log``; a failed
 fails nothing by itself (the engine tier's own fixture runs the installer again and fails
 loudly), and one still running when every group has ended is stopped.
 
-    python tests/tiers.py [--pytest PATH] [--log-dir DIR] [--no-prepare] [PYTEST ARGS ...]
+The lint gates run beside the groups too (``--gate``: `make test` passes `make lint`), not
+before them: they are ~45 s of mostly one core (mypy, ansible-lint) that the groups' tests can
+share the other core with. They still fail fast: the first test group ends minutes later, and a
+failed gate prints its log, stops every group (SIGTERM, so fixtures tear their lab hosts and
+engines down) and is the run's exit status. A gate still running when the groups end is waited
+for: the verdict needs it.
+
+    python tests/tiers.py [--pytest PATH] [--log-dir DIR] [--no-prepare] [--gate CMD]
+                          [PYTEST ARGS ...]
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -121,6 +130,7 @@ PREPARE_NICENESS = 10
 NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 SLOWEST = 20
 CPU_PROPERTY = "cpu_s"  # the JUnit property tests/conftest.py records each test's CPU-seconds in
+COMMAND_NOT_RUN = 127  # the shell's status for a command it could not run
 
 
 @dataclass
@@ -138,6 +148,61 @@ class Group:
     reported: bool = field(default=False)
     cgroup: CpuCgroup | None = None  # tests/cpu_account.py: the group's CPU-seconds
     cpu_s: float | None = None
+
+
+@dataclass
+class Gate:
+    """A check the verdict depends on that is not a test (the lint gates), run beside the groups."""
+
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started_s: float = 0.0
+    wall_s: float = 0.0
+    returncode: int | None = None
+
+    def start(self) -> None:
+        """In a session of its own, so that stopping it stops its children (make's)."""
+        self.started_s = time.monotonic()
+        _write(f"gate: {shlex.join(self.argv)} (log: {self.log_path})\n")
+        with self.log_path.open("wb") as log:
+            try:
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError as exc:  # not found, not executable: a failed gate, not a traceback
+                log.write(f"cannot run the gate: {exc}\n".encode())
+        if self.proc is None:
+            self._report(COMMAND_NOT_RUN)
+
+    def poll(self) -> int | None:
+        """Its status once it has ended (reported then, once), else None."""
+        if self.returncode is not None or self.proc is None:
+            return self.returncode
+        rc = self.proc.poll()
+        if rc is not None:
+            self._report(rc)
+        return rc
+
+    def stop(self) -> None:
+        """Stop it and its children (an interrupted run)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait()
+
+    def _report(self, rc: int) -> None:
+        self.returncode = rc
+        self.wall_s = time.monotonic() - self.started_s
+        bar = "=" * 30
+        _write(f"\n{bar} gate {shlex.join(self.argv)} {bar}\n")
+        _write(self.log_path.read_text(errors="replace"))
+        stopping = "" if rc == 0 else ": stopping the tier groups"
+        _write(f"{bar} gate: exit {rc} after {self.wall_s:.0f} s{stopping} {bar}\n")
 
 
 def group_argv(pytest: Sequence[str], group: Group, args: Sequence[str]) -> list[str]:
@@ -319,6 +384,7 @@ def run(
     log_dir: Path,
     args: Sequence[str],
     prepare: Sequence[str] | None = None,
+    gate: Sequence[str] | None = None,
 ) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     groups = [
@@ -336,11 +402,14 @@ def run(
 
     received: list[int] = []
 
-    def _forward(signum: int, frame: FrameType | None) -> None:
-        received.append(signum)
+    def _stop_groups() -> None:
         for group in groups:
             if group.proc is not None and group.proc.poll() is None:
                 group.proc.send_signal(signal.SIGTERM)
+
+    def _forward(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        _stop_groups()
 
     previous = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT)}
     accounting = cpu_account.create(f"kvops-tiers-{os.getpid()}")
@@ -352,6 +421,8 @@ def run(
     started = time.monotonic()
     preparation = None if prepare is None else _start_preparation(prepare, log_dir / "prepare.log")
     prepared_s: float | None = None
+    checks = None if gate is None else Gate(list(gate), log_dir / "gate.log")
+    gate_failed = False
     session_ahead_of_the_lab_hosts = contextlib.ExitStack()
     try:
         session_ahead_of_the_lab_hosts.enter_context(autogroup_at(SESSION_AUTOGROUP_NICE))
@@ -359,6 +430,10 @@ def run(
             # its own session, so its own autogroup: as much weight as the run's, as before the
             # run raised its own (niced inside it; a fresh machine's engine tier waits for it)
             weigh_as_this_session(preparation.pid)
+        if checks is not None:
+            checks.start()
+            if checks.proc is not None:
+                weigh_as_this_session(checks.proc.pid)  # its own session: the run's weight
         for group in groups:
             group.log = group.log_path.open("wb")
             group.started_s = time.monotonic()
@@ -397,9 +472,19 @@ def run(
             if preparation is not None and prepared_s is None and preparation.poll() is not None:
                 prepared_s = time.monotonic()
                 _finish_preparation(preparation, started)
+            if checks is not None and not gate_failed and checks.poll() not in (None, 0):
+                gate_failed = True
+                _stop_groups()  # fail fast: every group stops and tears its labs down
             time.sleep(0.5)
+        # a gate still running: the verdict waits for it (its own session: Ctrl-C reaches it
+        # only through `received`, and the finally stops it)
+        while checks is not None and checks.poll() is None and not received:
+            time.sleep(0.2)
+        gate_failed = checks is not None and checks.returncode not in (None, 0)
     finally:
         session_ahead_of_the_lab_hosts.close()
+        if checks is not None:
+            checks.stop()
         if preparation is not None and prepared_s is None:
             _finish_preparation(preparation, started)
         for group in groups:
@@ -418,6 +503,9 @@ def run(
         _write(
             f"{group.name:<26} exit {group.returncode}  {group.wall_s:7.0f} s{_cpu(group.cpu_s)}\n"
         )
+    if checks is not None:
+        status = "stopped" if checks.returncode is None else f"exit {checks.returncode}"
+        _write(f"{'gate':<26} {status}  {checks.wall_s:7.0f} s\n")
     whole = f"{'whole suite (in parallel)':<26}         {time.monotonic() - started:7.0f} s"
     if all(g.cpu_s is not None for g in groups):
         cores = os.cpu_count() or 1
@@ -441,6 +529,8 @@ def run(
             )
     if received:
         return 128 + received[0]
+    if gate_failed and checks is not None and checks.returncode:
+        return checks.returncode
     return combined_returncode([g.returncode if g.returncode is not None else 1 for g in groups])
 
 
@@ -453,10 +543,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="do not install the engine tier's virtualenv in the background",
     )
+    parser.add_argument(
+        "--gate",
+        metavar="CMD",
+        help="a command the verdict also needs (make test: make lint), run beside the groups; "
+        "its failure stops them and is the exit status",
+    )
     known, rest = parser.parse_known_args(argv)
     if rest[:1] == ["--"]:
         rest = rest[1:]
-    return run([known.pytest], known.log_dir, rest, None if known.no_prepare else PREPARE)
+    prepare = None if known.no_prepare else PREPARE
+    gate = None if known.gate is None else shlex.split(known.gate)
+    return run([known.pytest], known.log_dir, rest, prepare, gate)
 
 
 if __name__ == "__main__":

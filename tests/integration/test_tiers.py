@@ -235,3 +235,61 @@ def test_the_engine_tier_runs_after_unit_and_integration_and_files_keep_their_or
     assert [i.name for i in items] == [
         "unit-a", "unit-b", "integration-a", "engine-a", "engine-b", "lab-a",
     ]  # fmt: skip
+
+
+SLOW_SUITE = """
+import time
+import pytest
+
+@pytest.mark.lab
+def test_slow_in_the_lab():
+    time.sleep(60)
+
+def test_slow_elsewhere():
+    time.sleep(60)
+"""
+
+
+def test_a_failing_gate_stops_every_group_and_is_the_exit_status(
+    pytester: pytest.Pytester, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """make test's lint runs beside the groups and still fails fast: its log is shown and no
+    group runs on to its end."""
+    pytester.makeini("[pytest]\nmarkers =\n    lab: lab tier\n    own_lab: labs of its own\n")
+    pytester.makepyfile(test_slow=SLOW_SUITE)
+    gate = [
+        sys.executable,
+        "-c",
+        "import time; time.sleep(1); print('E501 line too long'); exit(3)",
+    ]
+    started = time.monotonic()
+    rc = run([sys.executable, "-m", "pytest"], tmp_path / "logs", [], gate=gate)
+    took = time.monotonic() - started
+    out = capsys.readouterr().out
+    assert rc == 3, out
+    assert took < 45, out  # not the 60 s the slow tests would take
+    assert "E501 line too long" in out
+    assert "gate: exit 3 after" in out and "stopping the tier groups" in out
+    assert re.search(r"^gate +exit 3 +\d+ s$", out, re.M), out
+    assert "1 passed" not in out  # the 60-second tests were stopped, not run to their end
+
+
+def test_a_passing_gate_is_shown_and_the_groups_give_the_verdict(
+    nested_suite: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gate = [sys.executable, "-c", "print('All checks passed!')"]
+    rc = run([sys.executable, "-m", "pytest"], tmp_path / "logs", [], gate=gate)
+    out = capsys.readouterr().out
+    assert rc == 1, out  # the unit group's failing test: the gate's success changes nothing
+    assert "All checks passed!" in out and "gate: exit 0 after" in out
+    assert "tier group lab-shared: exit 0" in out  # every group ran to its end
+
+
+def test_a_gate_that_cannot_run_fails_the_run_without_a_traceback(
+    nested_suite: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = run([sys.executable, "-m", "pytest"], tmp_path / "logs", ["-k", "passes"],
+             gate=[str(tmp_path / "no-such-lint")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 127, out
+    assert "cannot run the gate" in out and "Traceback" not in out
