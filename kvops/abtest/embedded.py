@@ -126,7 +126,12 @@ class EmbeddedEngines:
                 self.command(port, offload),
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                # A process group of their own (a terminal's Ctrl-C reaches kvops, which stops
+                # them; stop() signals the group), but kvops's session: where the kernel groups
+                # CPU time by session (autogroups, https://man7.org/linux/man-pages/man7/sched.7.html)
+                # the engines and the client measuring them are then weighed as one job, as they
+                # are by nice everywhere else, instead of the engines competing apart from it.
+                process_group=0,
                 env={
                     **os.environ,
                     "PYTHONHASHSEED": "0",

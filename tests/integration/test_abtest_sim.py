@@ -91,6 +91,11 @@ def _start_embedded_run(out: Path) -> tuple[subprocess.Popen[str], list[int]]:
 
 def test_ctrl_c_stops_the_embedded_engines(tmp_path: Path) -> None:
     proc, engines = _start_embedded_run(tmp_path / "run")
+    for pid in engines:
+        # a process group of their own: a terminal's Ctrl-C reaches kvops, which stops them ...
+        assert os.getpgid(pid) == pid != os.getpgid(proc.pid)
+        # ... in kvops's session: one job for a scheduler that groups CPU time by session
+        assert os.getsid(pid) == os.getsid(proc.pid)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-2000:]
