@@ -77,6 +77,32 @@ def weigh_as_this_session(pid: int) -> None:
 
 
 @contextlib.contextmanager
+def weighed_as_this_session(*pids: int) -> Iterator[None]:
+    """While a test measures engines it started in sessions of their own (a real vLLM, LMCache's
+    server: so that each stops with its children), their autogroups weigh as this session's;
+    afterwards as they did. Only for the measurement, seconds: held for the whole engine tier
+    it took the CPU from the lab's own A/B (weigh_as_this_session). Where autogroups are off,
+    absent or not permitted, nothing changes (nice values then order the groups)."""
+    restore: list[tuple[int, int]] = []
+    try:
+        ours = autogroup_nice(AUTOGROUP.read_text())
+        for pid in pids:
+            before = autogroup_nice(Path(f"/proc/{pid}/autogroup").read_text())
+            if ours is None or before is None:
+                continue
+            _set_autogroup_nice(ours, pid)
+            restore.append((pid, before))
+    except OSError:  # no autogroups, not permitted, or an engine is gone
+        pass
+    try:
+        yield
+    finally:
+        for pid, before in restore:
+            with contextlib.suppress(OSError):
+                _set_autogroup_nice(before, pid)
+
+
+@contextlib.contextmanager
 def ahead_of_the_lab_groups() -> Iterator[None]:
     """This thread, and the processes it starts meanwhile, at MEASURING_NICE where permitted,
     in an autogroup weighted as MEASURING_NICE too."""

@@ -39,6 +39,7 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar, trust_as_template
 from greedy_requests import greedy_completion, post_json, same_answer
+from measuring import ahead_of_the_lab_groups, weighed_as_this_session
 
 from kvops.parse.prometheus import parse_prometheus_text
 from kvops.smoke.judge import LMCACHE_HIT, LMCACHE_STORED
@@ -349,19 +350,21 @@ def test_kvops_smoke_reads_the_servers_counters_and_its_file_tier(
     """After the restart above (the module's order): smoke's own fresh prompts."""
     server = mp.server
     assert mp.engine is not None
+    assert server.proc is not None
     # kvops smoke reads LMCache's counters from the server (vLLM's /metrics has no lmcache:*)
-    done = kvops_cli(
-        "smoke",
-        "--url",
-        mp.engine.url,
-        "--lmcache-server-url",
-        server.http_url,
-        "--gds-dir",
-        str(mp.gds),
-        "--prompt-tokens",
-        "1600",
-        "--json",
-    )
+    with ahead_of_the_lab_groups(), weighed_as_this_session(mp.engine.proc.pid, server.proc.pid):
+        done = kvops_cli(
+            "smoke",
+            "--url",
+            mp.engine.url,
+            "--lmcache-server-url",
+            server.http_url,
+            "--gds-dir",
+            str(mp.gds),
+            "--prompt-tokens",
+            "1600",
+            "--json",
+        )
     doc = json.loads(done.stdout)
     items = {item["name"]: item["status"] for item in doc["items"]}
     # the items first (the evidence after them is long): a failing one must show in the message

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from measuring import ahead_of_the_lab_groups, weighed_as_this_session
 
 if TYPE_CHECKING:
     from conftest import Engine
@@ -33,16 +34,17 @@ def _items(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
 @pytest.mark.timing  # its exit status includes the TTFT drop
 def test_smoke_passes_on_the_offload_engine(offload_engine: Engine, kvops_cli: Cli) -> None:
     assert offload_engine.kv_dir is not None
-    proc = kvops_cli(
-        "smoke",
-        "--url",
-        offload_engine.url,
-        "--gds-dir",
-        str(offload_engine.kv_dir),
-        "--service-log",
-        str(offload_engine.log_path),
-        "--json",
-    )
+    with ahead_of_the_lab_groups(), weighed_as_this_session(offload_engine.proc.pid):
+        proc = kvops_cli(
+            "smoke",
+            "--url",
+            offload_engine.url,
+            "--gds-dir",
+            str(offload_engine.kv_dir),
+            "--service-log",
+            str(offload_engine.log_path),
+            "--json",
+        )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     items = _items(proc)
     assert items["offload"]["status"] == "PASS"
@@ -76,7 +78,8 @@ def test_smoke_passes_on_the_offload_engine(offload_engine: Engine, kvops_cli: C
 def test_smoke_evicts_with_fillers_sized_from_the_metrics(
     offload_engine: Engine, kvops_cli: Cli
 ) -> None:
-    proc = kvops_cli("smoke", "--url", offload_engine.url, "--evict", "fillers", "--json")
+    with ahead_of_the_lab_groups(), weighed_as_this_session(offload_engine.proc.pid):
+        proc = kvops_cli("smoke", "--url", offload_engine.url, "--evict", "fillers", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     items = _items(proc)
     assert "KV capacity 5,120 tokens" in items["eviction"]["message"]

@@ -15,6 +15,7 @@ from measuring import (
     autogroup_at,
     autogroup_nice,
     weigh_as_this_session,
+    weighed_as_this_session,
 )
 
 
@@ -72,6 +73,25 @@ def test_a_child_in_a_session_of_its_own_weighs_as_this_session() -> None:
         child.kill()
         child.wait()
     weigh_as_this_session(child.pid)  # gone: nothing to do, nothing raised
+
+
+def test_engines_weigh_as_this_session_only_while_they_are_measured() -> None:
+    """As root with autogroups on: the engine's autogroup takes this session's nice value for
+    the measurement and its own back afterwards; elsewhere nothing changes and nothing fails."""
+    engine = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    own = Path(f"/proc/{engine.pid}/autogroup")
+    try:
+        before = own.read_text() if own.exists() else None
+        with autogroup_at(-4), weighed_as_this_session(engine.pid):
+            raised = autogroup_nice(_autogroup() or "") == -4 and os.geteuid() == 0
+            if raised and autogroup_nice(before or "") is not None:
+                assert autogroup_nice(own.read_text()) == -4
+        assert (own.read_text() if own.exists() else None) == before
+    finally:
+        engine.kill()
+        engine.wait()
+    with weighed_as_this_session(engine.pid):  # gone: nothing to do, nothing raised
+        pass
 
 
 @pytest.mark.parametrize("shown", ["", "/autogroup-7\n"])
