@@ -86,14 +86,16 @@ def weighed_as_this_session(*pids: int) -> Iterator[None]:
     restore: list[tuple[int, int]] = []
     try:
         ours = autogroup_nice(AUTOGROUP.read_text())
-        for pid in pids:
+    except OSError:  # no autogroups
+        ours = None
+    for pid in pids:
+        try:
             before = autogroup_nice(Path(f"/proc/{pid}/autogroup").read_text())
-            if ours is None or before is None:
-                continue
-            _set_autogroup_nice(ours, pid)
-            restore.append((pid, before))
-    except OSError:  # no autogroups, not permitted, or an engine is gone
-        pass
+            if ours is not None and before is not None:
+                _set_autogroup_nice(ours, pid)
+                restore.append((pid, before))
+        except OSError:  # not permitted, or this engine is gone
+            continue
     try:
         yield
     finally:
