@@ -84,18 +84,14 @@ def weighed_as_this_session(*pids: int) -> Iterator[None]:
     it took the CPU from the lab's own A/B (weigh_as_this_session). Where autogroups are off,
     absent or not permitted, nothing changes (nice values then order the groups)."""
     restore: list[tuple[int, int]] = []
-    try:
-        ours = autogroup_nice(AUTOGROUP.read_text())
-    except OSError:  # no autogroups
-        ours = None
     for pid in pids:
         try:
             before = autogroup_nice(Path(f"/proc/{pid}/autogroup").read_text())
-            if ours is not None and before is not None:
-                _set_autogroup_nice(ours, pid)
-                restore.append((pid, before))
-        except OSError:  # not permitted, or this engine is gone
+        except OSError:  # no autogroups, or this engine is gone
             continue
+        if before is not None:
+            weigh_as_this_session(pid)
+            restore.append((pid, before))
     try:
         yield
     finally:

@@ -422,7 +422,7 @@ def run(
     preparation = None if prepare is None else _start_preparation(prepare, log_dir / "prepare.log")
     prepared_s: float | None = None
     checks = None if gate is None else Gate(list(gate), log_dir / "gate.log")
-    gate_failed = False
+    stopped_for_the_gate = False
     session_ahead_of_the_lab_hosts = contextlib.ExitStack()
     try:
         session_ahead_of_the_lab_hosts.enter_context(autogroup_at(SESSION_AUTOGROUP_NICE))
@@ -472,15 +472,14 @@ def run(
             if preparation is not None and prepared_s is None and preparation.poll() is not None:
                 prepared_s = time.monotonic()
                 _finish_preparation(preparation, started)
-            if checks is not None and not gate_failed and checks.poll() not in (None, 0):
-                gate_failed = True
+            if checks is not None and not stopped_for_the_gate and checks.poll() not in (None, 0):
+                stopped_for_the_gate = True
                 _stop_groups()  # fail fast: every group stops and tears its labs down
             time.sleep(0.5)
         # a gate still running: the verdict waits for it (its own session: Ctrl-C reaches it
         # only through `received`, and the finally stops it)
         while checks is not None and checks.poll() is None and not received:
             time.sleep(0.2)
-        gate_failed = checks is not None and checks.returncode not in (None, 0)
     finally:
         session_ahead_of_the_lab_hosts.close()
         if checks is not None:
@@ -529,7 +528,7 @@ def run(
             )
     if received:
         return 128 + received[0]
-    if gate_failed and checks is not None and checks.returncode:
+    if checks is not None and checks.returncode:
         return checks.returncode
     return combined_returncode([g.returncode if g.returncode is not None else 1 for g in groups])
 
