@@ -552,7 +552,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest[:1] == ["--"]:
         rest = rest[1:]
     prepare = None if known.no_prepare else PREPARE
-    gate = None if known.gate is None else shlex.split(known.gate)
+    gate = None
+    if known.gate is not None:
+        try:
+            gate = shlex.split(known.gate)
+        except ValueError as exc:  # an unbalanced quote
+            parser.error(f"--gate {known.gate!r}: {exc}")
+        if not gate:
+            parser.error("--gate needs a command")
     return run([known.pytest], known.log_dir, rest, prepare, gate)
 
 

@@ -19,6 +19,7 @@ from tiers import (
     combined_returncode,
     group_argv,
     junit_times,
+    main,
     order_by_tier,
     run,
     slowest,
@@ -293,3 +294,15 @@ def test_a_gate_that_cannot_run_fails_the_run_without_a_traceback(
     out = capsys.readouterr().out
     assert rc == 127, out
     assert "cannot run the gate" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    ("gate", "says"), [("", "needs a command"), ("'oops", "No closing quotation")]
+)
+def test_a_malformed_gate_is_a_usage_error(
+    gate: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--gate", gate])
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err
