@@ -22,7 +22,11 @@ OFFLOAD = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"
 
 @contextlib.contextmanager
 def sim_server(gds: Path | None, log: Path, *extra: str) -> Iterator[str]:
-    """`kvops sim serve` in its own process group, offload on when `gds` is given."""
+    """`kvops sim serve` in its own process group, offload on when `gds` is given.
+
+    Its own group, not its own session: it is stopped with its group, and where the kernel
+    shares CPU time between sessions (autogroups) it is weighed with the test that measures it
+    rather than as one more job at full weight beside the lab hosts' SSH sessions."""
     port = free_port()
     args = [sys.executable, "-m", "kvops", "sim", "serve", "--port", str(port), *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_")}
@@ -34,9 +38,7 @@ def sim_server(gds: Path | None, log: Path, *extra: str) -> Iterator[str]:
             "LMCACHE_LOCAL_CPU": "False",
         }
     with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            args, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        proc = subprocess.Popen(args, env=env, stdout=fh, stderr=subprocess.STDOUT, process_group=0)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

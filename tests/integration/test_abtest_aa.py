@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from measuring import ahead_of_the_lab_groups
 from sim_server import sim_server
 
 WORKLOAD = """\
@@ -34,7 +35,14 @@ def test_one_engine_against_itself_shows_no_difference(tmp_path: Path) -> None:
     workload = tmp_path / "w.yaml"
     workload.write_text(WORKLOAD)
     out = tmp_path / "run"
-    with sim_server(None, tmp_path / "sim.log", "--time-scale", "0.2") as url:
+    # measured ahead of the lab groups, as every timing judged beside them (tests/measuring.py):
+    # in a CI-mode run on a cold machine (the engine virtualenv installing, both lab groups
+    # converging) the simulated engine sent its tokens 45-53% of its mean TTFT late, and one
+    # A/A read total throughput "hurts" -47% [-70%, -6%] on both tries.
+    with (
+        ahead_of_the_lab_groups(),
+        sim_server(None, tmp_path / "sim.log", "--time-scale", "0.2") as url,
+    ):
         proc = subprocess.run(
             [sys.executable, "-m", "kvops", "ab-test", "--arm", f"a={url}", "--arm", f"b={url}",
              "--workload", str(workload), "--trials", "4", "--out", str(out)],
