@@ -1,9 +1,13 @@
 """The base Debian root filesystem of every lab host: built once, cached, unpacked once.
 
-mmdebstrap takes about a minute or two; the result is kept as ``rootfs-<key>.tar.zst`` in the
-cache dir (reusable by CI on the same machine) and unpacked next to it as the read-only lower
-layer of every host's overlayfs. ``<key>`` hashes the recipe below, so changing the recipe
-rebuilds instead of silently reusing a stale image.
+mmdebstrap takes about a minute or two; its tree is kept as ``rootfs-<key>`` in the cache dir
+(reused by later runs on the same machine) as the read-only lower layer of every host's
+overlayfs. ``<key>`` hashes the recipe below, so changing the recipe rebuilds instead of
+silently reusing a stale image. The tree is built in a scratch folder and renamed into place, so
+a build killed midway leaves nothing that looks finished. (Earlier versions also kept a
+``rootfs-<key>.tar.zst`` and unpacked the tree from it: on a fresh machine that was about 50 s of
+compressing and unpacking before the first lab host started. Such an archive is still unpacked
+when it is there and the tree is not.)
 
 The image is made offline on purpose: the Debian sources list is moved aside and resolv.conf
 emptied (otherwise apt waits on DNS); the only apt source a host gets is the lab's repo of test
@@ -15,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -84,18 +87,23 @@ def base_dir(cache_dir: Path) -> Path:
 
 
 def ensure_base(cache_dir: Path, *, log: bool = True) -> Path:
-    """Return the unpacked base root filesystem, building and caching it when missing."""
+    """Return the base root filesystem, building and caching it when missing."""
     target = base_dir(cache_dir)
-    if (target / "usr" / "sbin" / "sshd").exists():
+    if _is_built(target):
         return target
     with _locked(cache_dir / ".rootfs.lock"):
-        if (target / "usr" / "sbin" / "sshd").exists():
+        if _is_built(target):
             return target
         archive = archive_path(cache_dir)
-        if not archive.exists():
-            _build_archive(archive, log=log)
-        _unpack(archive, target)
+        if archive.exists():
+            _unpack(archive, target)
+        else:
+            _build(target, log=log)
     return target
+
+
+def _is_built(tree: Path) -> bool:
+    return (tree / "usr" / "sbin" / "sshd").exists()
 
 
 def _say(log: bool, message: str) -> None:
@@ -103,7 +111,7 @@ def _say(log: bool, message: str) -> None:
         print(f"lab: {message}", flush=True)
 
 
-def _build_archive(archive: Path, *, log: bool) -> None:
+def _build(target: Path, *, log: bool) -> None:
     if shutil.which("mmdebstrap") is None:
         raise LabError(
             "mmdebstrap is missing: apt-get install -y --no-install-recommends "
@@ -111,7 +119,7 @@ def _build_archive(archive: Path, *, log: bool) -> None:
         )
     started = time.monotonic()
     _say(log, f"building the base root filesystem with mmdebstrap ({SUITE}, about 1-2 min)")
-    work = Path(tempfile.mkdtemp(prefix="rootfs-build-", dir=archive.parent))
+    work = Path(tempfile.mkdtemp(prefix="rootfs-build-", dir=target.parent))
     try:
         tree = work / "rootfs"
         run(
@@ -126,16 +134,12 @@ def _build_archive(archive: Path, *, log: bool) -> None:
             timeout_s=1200,
         )
         _make_offline(tree)
-        partial = archive.with_suffix(".partial")
-        run(
-            ["tar", "--zstd", "--numeric-owner", "-C", str(tree), "-cf", str(partial), "."],
-            timeout_s=600,
-            env={**os.environ, "ZSTD_NBTHREADS": "2"},
-        )
-        partial.rename(archive)
+        if target.exists():  # a tree without sshd: not finished, whatever left it
+            shutil.rmtree(target)
+        tree.rename(target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _say(log, f"base root filesystem cached in {archive} ({time.monotonic() - started:.0f} s)")
+    _say(log, f"base root filesystem cached in {target} ({time.monotonic() - started:.0f} s)")
 
 
 def _make_offline(tree: Path) -> None:
@@ -170,17 +174,3 @@ def _unpack(archive: Path, target: Path) -> None:
     if target.exists():
         shutil.rmtree(target)
     partial.rename(target)
-
-
-def adopt_tree(tree: Path, cache_dir: Path) -> Path:
-    """Cache an mmdebstrap tree built by hand with this recipe (saves a rebuild)."""
-    archive = archive_path(cache_dir)
-    with _locked(cache_dir / ".rootfs.lock"):
-        _make_offline(tree)
-        run(
-            ["tar", "--zstd", "--numeric-owner", "-C", str(tree), "-cf", str(archive), "."],
-            timeout_s=600,
-            env={**os.environ, "ZSTD_NBTHREADS": "2"},
-        )
-        _unpack(archive, base_dir(cache_dir))
-    return base_dir(cache_dir)
