@@ -29,6 +29,13 @@ waiting for it at the start of their group. Its log is ``prepare.log``; a failed
 fails nothing by itself (the engine tier's own fixture runs the installer again and fails
 loudly), and one still running when every group has ended is stopped.
 
+What the groups need first (``--setup``, repeatable: `make test` passes the system packages and
+the project's virtualenv) runs after the preparation has started and before the groups, one
+command after another, its output shown as it comes; the first that fails ends the run with its
+status (the preparation is stopped, no group starts). So on a fresh machine the engine
+virtualenv's downloads and byte-compiling share the machine with apt and pip's mostly one-core
+install of the project instead of with the first minutes of tests.
+
 The lint gates run beside the groups too (``--gate``: `make test` passes `make lint`), not
 before them: they are ~45 s of mostly one core (mypy, ansible-lint) that the groups' tests can
 share the other core with. They still fail fast: the first test group ends minutes later, and a
@@ -36,8 +43,8 @@ failed gate prints its log, stops every group (SIGTERM, so fixtures tear their l
 engines down) and is the run's exit status. A gate still running when the groups end is waited
 for: the verdict needs it.
 
-    python tests/tiers.py [--pytest PATH] [--log-dir DIR] [--no-prepare] [--gate CMD]
-                          [PYTEST ARGS ...]
+    python tests/tiers.py [--pytest PATH] [--log-dir DIR] [--no-prepare] [--setup CMD ...]
+                          [--gate CMD] [PYTEST ARGS ...]
 """
 
 from __future__ import annotations
@@ -379,12 +386,27 @@ def _finish_preparation(proc: subprocess.Popen[bytes], started_s: float) -> None
     _write(f"preparation: exit {rc} after {time.monotonic() - started_s:.0f} s\n")
 
 
+def _run_setup(command: Sequence[str]) -> int:
+    """One setup command in the foreground (its output is ours); its exit status, 127 when it
+    cannot start."""
+    _write(f"setup: {shlex.join(command)}\n")
+    try:
+        rc = subprocess.run(list(command), stdin=subprocess.DEVNULL, check=False).returncode
+    except OSError as exc:
+        _write(f"cannot run the setup command {shlex.join(command)}: {exc}\n")
+        return 127
+    if rc != 0:
+        _write(f"setup: {shlex.join(command)} failed (exit {rc}); no test ran\n")
+    return rc
+
+
 def run(
     pytest: Sequence[str],
     log_dir: Path,
     args: Sequence[str],
     prepare: Sequence[str] | None = None,
     gate: Sequence[str] | None = None,
+    setup: Sequence[Sequence[str]] = (),
 ) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     groups = [
@@ -430,6 +452,12 @@ def run(
             # its own session, so its own autogroup: as much weight as the run's, as before the
             # run raised its own (niced inside it; a fresh machine's engine tier waits for it)
             weigh_as_this_session(preparation.pid)
+        for command in setup:
+            rc = _run_setup(command)
+            if received:
+                return 128 + received[0]
+            if rc != 0:
+                return rc
         if checks is not None:
             checks.start()
             if checks.proc is not None:
@@ -533,6 +561,18 @@ def run(
     return combined_returncode([g.returncode if g.returncode is not None else 1 for g in groups])
 
 
+def _command(parser: argparse.ArgumentParser, option: str, text: str) -> list[str]:
+    """An option's command line split as a shell would (no shell runs it); a usage error, not a
+    traceback, when it is empty or has an unbalanced quote."""
+    try:
+        command = shlex.split(text)
+    except ValueError as exc:
+        parser.error(f"{option} {text!r}: {exc}")
+    if not command:
+        parser.error(f"{option} needs a command")
+    return command
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--pytest", default=str(Path(sys.executable).parent / "pytest"))
@@ -541,6 +581,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-prepare",
         action="store_true",
         help="do not install the engine tier's virtualenv in the background",
+    )
+    parser.add_argument(
+        "--setup",
+        metavar="CMD",
+        action="append",
+        default=[],
+        help="a command the groups need first (make test: the system packages, the project's "
+        "virtualenv), run after the preparation starts; repeatable, in order; a failure ends the "
+        "run with its status",
     )
     parser.add_argument(
         "--gate",
@@ -552,15 +601,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest[:1] == ["--"]:
         rest = rest[1:]
     prepare = None if known.no_prepare else PREPARE
-    gate = None
-    if known.gate is not None:
-        try:
-            gate = shlex.split(known.gate)
-        except ValueError as exc:  # an unbalanced quote
-            parser.error(f"--gate {known.gate!r}: {exc}")
-        if not gate:
-            parser.error("--gate needs a command")
-    return run([known.pytest], known.log_dir, rest, prepare, gate)
+    gate = None if known.gate is None else _command(parser, "--gate", known.gate)
+    setup = [_command(parser, "--setup", text) for text in known.setup]
+    return run([known.pytest], known.log_dir, rest, prepare, gate, setup)
 
 
 if __name__ == "__main__":

@@ -306,3 +306,66 @@ def test_a_malformed_gate_is_a_usage_error(
         main(["--gate", gate])
     assert exit_.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_setup_runs_beside_the_preparation_and_before_the_groups(
+    nested_suite: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """make test installs the project's virtualenv while the engine tier's installs: the setup
+    finds the preparation already running, and no group starts before the setup has ended."""
+    started = tmp_path / "prepare-started"
+    touch = f"import pathlib; pathlib.Path({str(started)!r}).touch()"
+    prepare = [sys.executable, "-c", touch]
+    wait_for_it = (
+        "import pathlib, sys, time\n"
+        f"p = pathlib.Path({str(started)!r})\n"
+        "for _ in range(100):\n"
+        "    if p.exists(): print('setup saw the preparation'); sys.exit(0)\n"
+        "    time.sleep(0.1)\n"
+        "sys.exit(4)\n"
+    )
+    setup = [[sys.executable, "-c", wait_for_it], [sys.executable, "-c", "print('second setup')"]]
+    rc = run([sys.executable, "-m", "pytest"], tmp_path / "logs", ["-k", "passes"], prepare,
+             setup=setup)  # fmt: skip
+    out = capfd.readouterr().out
+    assert rc == 0, out
+    saw, second = out.index("setup saw the preparation"), out.index("second setup")
+    assert saw < second < out.index("tier group lab-shared: started"), out
+    assert "preparation: exit 0" in out
+
+
+def test_a_failing_setup_ends_the_run_with_its_status_before_any_group(
+    nested_suite: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    pid_file = tmp_path / "child.pid"
+    prepare = ["bash", "-c", f"sleep 300 & echo $! > {pid_file}; wait"]
+    setup = [
+        [sys.executable, "-c", "print('pip: no matching distribution'); exit(6)"],
+        [sys.executable, "-c", "print('never runs')"],
+    ]
+    rc = run([sys.executable, "-m", "pytest"], tmp_path / "logs", [], prepare, setup=setup)
+    out = capfd.readouterr().out
+    assert rc == 6, out
+    assert "pip: no matching distribution" in out and "failed (exit 6); no test ran" in out
+    assert "never runs" not in out and "tier group" not in out
+    assert "preparation: stopped" in out
+    child = int(pid_file.read_text())
+    for _ in range(50):
+        if not Path(f"/proc/{child}").exists() or "Z" in _state(child):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the preparation's child {child} outlived the failed setup")
+
+
+def test_a_setup_that_cannot_run_is_127_and_a_malformed_one_a_usage_error(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    rc = run([sys.executable, "-m", "pytest"], tmp_path / "logs", [],
+             setup=[[str(tmp_path / "no-such-installer")]])  # fmt: skip
+    out = capfd.readouterr().out
+    assert rc == 127 and "cannot run the setup command" in out and "Traceback" not in out
+    with pytest.raises(SystemExit) as exit_:
+        main(["--setup", "'oops"])
+    assert exit_.value.code == 2
+    assert "No closing quotation" in capfd.readouterr().err
