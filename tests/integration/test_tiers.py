@@ -197,13 +197,16 @@ def test_a_preparation_still_running_at_the_end_is_stopped_with_its_children(
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "preparation: stopped (no test group left to need it)" in out
-    child = int(pid_file.read_text())
+    _assert_gone(int(pid_file.read_text()), "the preparation's child outlived it")
+
+
+def _assert_gone(pid: int, why: str) -> None:
+    """The process ``pid`` ends (or is a zombie) within 5 s."""
     for _ in range(50):
-        if not Path(f"/proc/{child}").exists() or "Z" in _state(child):
-            break
+        if not Path(f"/proc/{pid}").exists() or "Z" in _state(pid):
+            return
         time.sleep(0.1)
-    else:
-        pytest.fail(f"the preparation's child {child} outlived it")
+    pytest.fail(f"{why} (pid {pid})")
 
 
 def _state(pid: int) -> str:
@@ -349,13 +352,7 @@ def test_a_failing_setup_ends_the_run_with_its_status_before_any_group(
     assert "pip: no matching distribution" in out and "failed (exit 6); no test ran" in out
     assert "never runs" not in out and "tier group" not in out
     assert "preparation: stopped" in out
-    child = int(pid_file.read_text())
-    for _ in range(50):
-        if not Path(f"/proc/{child}").exists() or "Z" in _state(child):
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"the preparation's child {child} outlived the failed setup")
+    _assert_gone(int(pid_file.read_text()), "the preparation's child outlived the failed setup")
 
 
 def test_a_setup_that_cannot_run_is_127_and_a_malformed_one_a_usage_error(
