@@ -1,4 +1,4 @@
-"""The base Debian root filesystem of every lab host: built once, cached, unpacked once.
+"""The base Debian root filesystem of every lab host: built once, cached as a tree.
 
 mmdebstrap takes about a minute or two; its tree is kept as ``rootfs-<key>`` in the cache dir
 (reused by later runs on the same machine) as the read-only lower layer of every host's
