@@ -97,8 +97,8 @@ ROLE_TEST_VARS: dict[str, object] = {
 # torch and vLLM, unless VLLM_ENABLE_V1_MULTIPROCESSING is 0 (vllm/platforms/cpu.py,
 # check_and_update_config); for `vllm serve` that variable changes nothing else (AsyncLLM always
 # runs EngineCore in a process of its own). So the tier's engines have the production topology,
-# and cost less: `python benchmarks/engine_topology.py` (alternated, 2 cores) gave 0.72 of the
-# three-process CPU-seconds to /health (27.1 against 37.6) and 0.63 for twelve 900-word prompts.
+# and cost less: measured interleaved on 2 cores, 30.5-30.7 against 38.9-41.9 CPU-s to /health
+# and 9.1-10.3 against 14.1-14.7 CPU-s for twelve 900-word prompts.
 ENGINE_TOPOLOGY_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
