@@ -18,11 +18,9 @@ Both run with the tier's CPU arguments (`CPU_ARGS`): KV cache capped to 40 block
 so several long prefixes cannot all stay resident, float32, eager mode.
 
 Both are pinned to the same CPU (VLLM_CPU_OMP_THREADS_BIND) because a connector-enabled vLLM was
-seen to take twice the threads of its baseline otherwise. Each runs as a single-GPU vLLM does: the
-API server and one EngineCore process that holds the model's worker (`ENGINE_TOPOLOGY_ENV`). Each
-runs in its own process group and is stopped with its EngineCore child even when a test fails.
-If the engine cannot be installed, the tier fails in CI (tests/ci_rule.py) and skips with the
-reason elsewhere.
+seen to take twice the threads of its baseline otherwise. Each runs in its own process group and
+is stopped with its EngineCore/Worker children even when a test fails. If the engine cannot be
+installed, the tier fails in CI (tests/ci_rule.py) and skips with the reason elsewhere.
 
 Timings (install, model build, start) go to runs/engine/timings.json and the terminal summary.
 """
@@ -89,17 +87,6 @@ ROLE_TEST_VARS: dict[str, object] = {
     "vllm_lmcache_config": {"use_gds": False},
     "vllm_lmcache_dev_mode": True,  # VLLM_SERVER_DEV_MODE=1: POST /reset_prefix_cache
 }
-
-
-# vLLM runs a one-GPU engine as two processes: the API server and an EngineCore whose
-# UniProcExecutor holds the worker (LMCache's scheduler and worker sides then share a process).
-# Its CPU platform replaces that executor with the multiprocess one, a third process re-importing
-# torch and vLLM, unless VLLM_ENABLE_V1_MULTIPROCESSING is 0 (vllm/platforms/cpu.py,
-# check_and_update_config); for `vllm serve` that variable changes nothing else (AsyncLLM always
-# runs EngineCore in a process of its own). So the tier's engines have the production topology,
-# and cost less: measured interleaved on 2 cores, 30.5-30.7 against 38.9-41.9 CPU-s to /health
-# and 9.1-10.3 against 14.1-14.7 CPU-s for twelve 900-word prompts.
-ENGINE_TOPOLOGY_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 _RECORDING = threading.Lock()  # the prestart's thread records its engines' start times too
@@ -437,7 +424,6 @@ def plan_launch(
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": OMP_BIND,
-        **ENGINE_TOPOLOGY_ENV,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         **role.env,
