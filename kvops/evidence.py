@@ -207,7 +207,8 @@ ITEM_SOURCES: dict[str, str] = {
     BENCH_DIR: (
         "dir <gds_dir>/kvops-gdsio-XXXXXX made with mkdtemp by the bench user (the service "
         "user unless settings.bench_user); data = {'dir': path, 'stale_removed': [dirs a "
-        "killed earlier run left], 'stale_left': [those it could not remove]}; `error` "
+        "killed earlier run left, untouched for an hour: a younger one may be another host's "
+        "bench on the same store], 'stale_left': [those it could not remove]}; `error` "
         "when it could not be made (then gdsio is not run). Only with --storage-bench."
     ),
     GDSIO_WRITE: (

@@ -294,13 +294,27 @@ def gds_prune_timer(p: Probe, settings: Dict[str, Any]) -> None:
     p.command("gds_prune_timer", argv)
 
 
-def remove_stale_bench_dirs(gds: str) -> Dict[str, List[str]]:
-    """Bench directories a killed earlier run left behind, removed without following links
-    (shutil.rmtree's fd-based walk); those this user could not remove are listed as left."""
+# A bench directory untouched this long was left by a killed run; a younger one may be another
+# host's bench in progress on the same store (every host of a fleet mounts the one export), which
+# must not be deleted under its gdsio. Far beyond any probe's time budget.
+STALE_BENCH_AGE_S = 3600.0
+
+
+def remove_stale_bench_dirs(gds: str, now_s: Optional[float] = None) -> Dict[str, List[str]]:
+    """Bench directories a killed earlier run left behind (untouched for STALE_BENCH_AGE_S),
+    removed without following links (shutil.rmtree's fd-based walk); those this user could not
+    remove are listed as left."""
     out: Dict[str, List[str]] = {"stale_removed": [], "stale_left": []}
+    now = time.time() if now_s is None else now_s
     for name in sorted(os.listdir(gds)):
         full = os.path.join(gds, name)
-        if _is_bench_dir(name) and os.path.isdir(full) and not os.path.islink(full):
+        if not _is_bench_dir(name) or os.path.islink(full) or not os.path.isdir(full):
+            continue
+        try:
+            age_s = now - os.lstat(full).st_mtime
+        except OSError:
+            continue  # removed meanwhile by its own run
+        if age_s >= STALE_BENCH_AGE_S:
             shutil.rmtree(full, ignore_errors=True)
             out["stale_left" if os.path.lexists(full) else "stale_removed"].append(full)
     return out

@@ -213,6 +213,8 @@ def test_bench_never_follows_a_planted_link_runs_as_the_service_user_and_cleans_
     nobody = pwd.getpwnam("nobody")
     for path in (stale, stale / "file"):
         os.chown(path, nobody.pw_uid, nobody.pw_gid)  # made by the bench user that run
+    left_s = time.time() - storage.STALE_BENCH_AGE_S - 60  # untouched since: no bench in progress
+    os.utime(stale, (left_s, left_s))
     tools = tmp_path / "tools"
     _tool(tools, "gdsio", 'echo "user=$(id -un) cwd=$(pwd)"; touch "$2/written"\n')
     probe = Probe({"tool_dirs": [str(tools)]})
