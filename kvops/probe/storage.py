@@ -307,14 +307,14 @@ def remove_stale_bench_dirs(gds: str, now_s: Optional[float] = None) -> Dict[str
     out: Dict[str, List[str]] = {"stale_removed": [], "stale_left": []}
     now = time.time() if now_s is None else now_s
     for name in sorted(os.listdir(gds)):
-        full = os.path.join(gds, name)
-        if not _is_bench_dir(name) or os.path.islink(full) or not os.path.isdir(full):
+        if not _is_bench_dir(name):
             continue
+        full = os.path.join(gds, name)
         try:
-            age_s = now - os.lstat(full).st_mtime
+            st = os.lstat(full)  # a link is not a directory here: never followed
         except OSError:
             continue  # removed meanwhile by its own run
-        if age_s >= STALE_BENCH_AGE_S:
+        if stat.S_ISDIR(st.st_mode) and now - st.st_mtime >= STALE_BENCH_AGE_S:
             shutil.rmtree(full, ignore_errors=True)
             out["stale_left" if os.path.lexists(full) else "stale_removed"].append(full)
     return out
