@@ -16,7 +16,9 @@ import pytest
 from ci_rule import TOO_BUSY, in_ci
 from tiers import CPU_PROPERTY, order_by_tier
 
-pytest_plugins = ["pytester"]  # tests/unit/test_ci_rule.py runs this conftest in-process
+# pytester: tests/unit/test_ci_rule.py runs this conftest in-process; stop_on_sigterm: a SIGTERM
+# (CI cancelling, tests/tiers.py stopping a group) still tears down every fixture.
+pytest_plugins = ["pytester", "stop_on_sigterm"]
 
 TIERS = ("unit", "integration", "lab", "engine")
 

@@ -19,7 +19,6 @@ Without root / network namespaces / unshare the lab tier skips with the reason; 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -52,14 +51,7 @@ def _require_lab() -> None:
 def lab_factory() -> Iterator[Callable[..., LabHosts]]:
     """``lab_factory(hosts=2, variants={...}, host_vars={...})`` -> a fresh private lab."""
     _require_lab()
-    sessions: list[LabSession] = []
-    # CI cancels with SIGTERM: turn it into KeyboardInterrupt so pytest still runs this teardown.
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def _interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, _interrupt)
+    sessions: list[LabSession] = []  # torn down on SIGTERM too (tests/stop_on_sigterm.py)
 
     def make(**kwargs: Any) -> LabHosts:
         session = LabSession()
@@ -75,7 +67,6 @@ def lab_factory() -> Iterator[Callable[..., LabHosts]]:
                 session.close()
             except Exception as exc:  # keep tearing the others down
                 errors.append(str(exc))
-        signal.signal(signal.SIGTERM, previous)
         if errors:
             pytest.fail("lab teardown: " + "; ".join(errors), pytrace=False)
 
