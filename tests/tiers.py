@@ -19,7 +19,7 @@ Exit status: the first failing group's pytest status (1 tests failed, 2 interrup
 pytest's 5 ("no tests collected") only when no group collected anything, so ``PYTEST_ARGS``
 that select one tier's tests do not fail the other group (https://docs.pytest.org/en/stable/
 reference/exit-codes.html). SIGTERM or Ctrl-C is passed on to every group, whose fixtures then
-tear their lab hosts and engines down as they would alone (tests/lab/conftest.py).
+tear their lab hosts and engines down as they would alone (tests/stop_on_sigterm.py).
 
 Before the groups start, the engine tier's cached virtualenv is prepared in the background
 (``PREPARE``: tests/engine/install_engine.sh, a no-op once its stamp is there). On a fresh
