@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvops.probe.storage import STALE_BENCH_AGE_S, remove_stale_bench_dirs
+from kvops.probe.storage import STALE_BENCH_AGE_S, make_bench_dir, remove_stale_bench_dirs
 
 
 def test_only_a_bench_directory_left_long_ago_is_removed(tmp_path: Path) -> None:
@@ -23,3 +23,13 @@ def test_only_a_bench_directory_left_long_ago_is_removed(tmp_path: Path) -> None
     result = remove_stale_bench_dirs(str(tmp_path), now_s=now)
     assert result == {"stale_removed": [str(old)], "stale_left": []}
     assert fresh.is_dir() and other.is_dir() and not old.exists()
+
+
+def test_a_second_probe_on_the_same_store_keeps_the_first_ones_bench(tmp_path: Path) -> None:
+    """Two hosts' probes bench one export, one after the other starting: the second's set-up
+    (stale cleanup, then its own directory) leaves the first's directory where its gdsio runs."""
+    first = make_bench_dir(str(tmp_path))
+    second = make_bench_dir(str(tmp_path))
+    assert second["stale_removed"] == [] and second["stale_left"] == []
+    assert Path(first["dir"]).is_dir() and Path(second["dir"]).is_dir()
+    assert first["dir"] != second["dir"]
