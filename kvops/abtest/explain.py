@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvops.abtest.result_types import ScenarioResult
-from kvops.abtest.validity import NEVER_ENGAGED, TokenSources, has_reuse
+from kvops.abtest.validity import HOST_OVERLOADED, NEVER_ENGAGED, TokenSources, has_reuse
 
 
 class StorageEvidence(Protocol):
@@ -42,7 +42,7 @@ class StorageEvidence(Protocol):
 class Explanation:
     scenario: str
     arm: str
-    cause: str  # broken | no_reuse | fits | never_engaged | slow_storage | compat | ...
+    cause: str  # broken | host_overloaded | no_reuse | fits | never_engaged | slow_storage | ...
     line: str
 
     def to_json(self) -> dict[str, str]:
@@ -121,6 +121,14 @@ def explain_scenario(
 
         if verdict.startswith("invalid"):
             add("broken", f"{verdict}: an arm failed beyond 1% of its requests; nothing to explain")
+            continue
+        if verdict == HOST_OVERLOADED:
+            add(
+                "host_overloaded",
+                f"{verdict}: the simulated engines ran behind their model's schedule, so "
+                f"throughput {change} measured this host's CPU, not offload; rerun on a quieter "
+                "host or with a larger --sim-time-scale",
+            )
             continue
         if not has_reuse(spec):
             add(

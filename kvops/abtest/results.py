@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,7 +42,13 @@ from kvops.abtest.result_types import (
     ScenarioResult,
 )
 from kvops.abtest.rundir import RunDir
-from kvops.abtest.validity import attribute_gains, check_scenario
+from kvops.abtest.validity import (
+    OVERLOAD_LAG_SHARE,
+    attribute_gains,
+    check_scenario,
+    overloaded_arms,
+    withhold_when_overloaded,
+)
 from kvops.loadgen.runner import ClientStats, judge_client
 from kvops.workload.record import RequestRecord, iter_jsonl, read_records
 
@@ -147,7 +154,8 @@ def smallest_mean_ttft_ms(records: list[RequestRecord]) -> float | None:
 
 
 # A simulated engine whose tokens left this late on average (share of the arm's mean TTFT)
-# measured its host more than its model.
+# measured its host more than its model: a warning; beyond kvops.abtest.validity's
+# OVERLOAD_LAG_SHARE the scenario's verdicts are withheld.
 LAG_WARN_SHARE = 0.10
 
 
@@ -202,18 +210,33 @@ def instance_counters(
     return out
 
 
+def lag_shares(blocks: Mapping[str, MeasuredArm]) -> dict[str, float | None]:
+    """Arm -> its simulated engine's mean emission lag as a share of its mean TTFT (None for
+    servers that report no lag, or without a TTFT)."""
+    out: dict[str, float | None] = {}
+    for arm, block in blocks.items():
+        lag, ttft = block.engine_emission_lag_mean_ms, block.metrics.mean_ttft_ms
+        out[arm] = lag / ttft if lag is not None and ttft else None
+    return out
+
+
 def _lag_warnings(scenarios: dict[str, ScenarioResult]) -> list[str]:
     out = []
     for name, sc in scenarios.items():
-        for arm, block in sc.arms.items():
-            lag = block.engine_emission_lag_mean_ms
-            ttft = block.metrics.mean_ttft_ms
-            if lag is not None and ttft and lag > LAG_WARN_SHARE * ttft:
-                out.append(
-                    f"{name}: simulated engine {arm} sent its tokens {lag:.1f} ms late on "
-                    f"average against its model's schedule ({lag / ttft:.0%} of its mean TTFT): "
-                    "the host could not keep up, so its latencies are overstated"
-                )
+        for arm, share in lag_shares(sc.arms).items():
+            lag = sc.arms[arm].engine_emission_lag_mean_ms
+            if share is None or lag is None or share <= LAG_WARN_SHARE:
+                continue
+            consequence = (
+                "its verdicts are withheld"
+                if share > OVERLOAD_LAG_SHARE
+                else "so its latencies are overstated"
+            )
+            out.append(
+                f"{name}: simulated engine {arm} sent its tokens {lag:.1f} ms late on "
+                f"average against its model's schedule ({share:.0%} of its mean TTFT): "
+                f"the host could not keep up, {consequence}"
+            )
     return out
 
 
@@ -302,6 +325,7 @@ def build_results(
         for c in comparisons:
             c.caveat = checks.caveats.get(c.candidate_arm, {}).get(c.metric)
         attribute_gains(comparisons, checks)
+        withhold_when_overloaded(comparisons, overloaded_arms(lag_shares(blocks)))
         verdict = checks.verdict or overall_verdict(first)
         if overall_verdict(first).startswith("invalid"):
             verdict = overall_verdict(first)  # a broken arm voids everything, checks included

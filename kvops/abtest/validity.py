@@ -35,9 +35,13 @@ what the engines said about themselves (`vllm:cache_config_info`) and counted
   request order or the cache size decided the result, not the storage.
 - KV capacity (d): arms whose GPU KV capacity differs by more than 1% batch differently; the
   difference is named beside every latency verdict as its likely cause.
+- host kept up (simulated engines only, which report their emission lag): an arm whose tokens
+  left more than OVERLOAD_LAG_SHARE of its mean TTFT late measured the host's CPU, not its
+  model; every claim of that scenario reads HOST_OVERLOADED, the measured interval kept beside
+  it (`make demo` on a host busy with other work: rerun on a quieter one).
 
-Pure: inputs are the spec, the arms' self-descriptions, their summed counters and cached-token
-shares.
+Pure: inputs are the spec, the arms' self-descriptions, their summed counters, cached-token
+shares and emission lags.
 """
 
 from __future__ import annotations
@@ -51,6 +55,15 @@ from kvops.workload.spec import WorkloadSpec
 
 NEVER_ENGAGED = "offload never engaged"
 NOT_FROM_OFFLOAD = "no gain from offload: nothing loaded"
+HOST_OVERLOADED = "withheld: the host could not keep up"
+# A simulated engine reports how late its tokens left against its model's schedule (emission
+# lag). Beyond this share of the arm's mean TTFT the host's CPU, not the engines, set the
+# latencies: seen, an A/A (one server in both arms) read total throughput "hurts" -47%
+# [-70%, -6%] with both arms 45-53% late; on a quiet 2-core host the lag is 0.2-3%.
+OVERLOAD_LAG_SHARE = 0.25
+# the verdicts that claim something about the arms (kvops.abtest.score.CLAIMS and the gain
+# attribution's rewrite of "helps"): an overloaded host voids each of them
+_TIMED_CLAIMS = ("helps", "hurts", "no significant difference", NOT_FROM_OFFLOAD)
 FITS_NOTE = "fits in GPU memory: offload cannot help here"
 NO_REUSE_NOTE = (
     "no reuse: every prompt is new, so offload has nothing to load (store overhead only)"
@@ -450,4 +463,28 @@ def attribute_gains(comparisons: Iterable[Judged], checks: ScenarioChecks) -> No
         if c.verdict == "helps" and c.candidate_arm in checks.nothing_loaded:
             c.verdict = NOT_FROM_OFFLOAD
             why = f"measured as helps, but arm {c.candidate_arm} loaded no KV from offload"
+            c.caveat = why + (f"; {c.caveat}" if c.caveat else "")
+
+
+def overloaded_arms(lag_shares: Mapping[str, float | None]) -> dict[str, float]:
+    """The arms whose simulated engine lagged beyond OVERLOAD_LAG_SHARE of their mean TTFT
+    (arm -> share); servers that report no lag (real vLLM) are never among them."""
+    return {a: s for a, s in lag_shares.items() if s is not None and s > OVERLOAD_LAG_SHARE}
+
+
+def withhold_when_overloaded(
+    comparisons: Iterable[Judged], overloaded: Mapping[str, float]
+) -> None:
+    """Every claim of a scenario in which an arm's simulated engine could not keep its model's
+    schedule becomes HOST_OVERLOADED, the measured interval staying beside it: the paired
+    comparison then measured the host's contention (which changes from segment to segment),
+    not offload. A baseline that lagged voids the candidates' claims too. An invalid arm's
+    verdict and "not enough trials" stand. Changes the comparisons in place."""
+    if not overloaded:
+        return
+    late = ", ".join(f"{arm} {share:.0%}" for arm, share in sorted(overloaded.items()))
+    for c in comparisons:
+        if c.verdict in _TIMED_CLAIMS:
+            why = f"measured as {c.verdict}, but simulated engines ran late ({late} of mean TTFT)"
+            c.verdict = HOST_OVERLOADED
             c.caveat = why + (f"; {c.caveat}" if c.caveat else "")

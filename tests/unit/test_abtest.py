@@ -15,6 +15,7 @@ from kvops.abtest.experiment import Options, segment_plan, trial_warnings
 from kvops.abtest.result_types import RunResults
 from kvops.abtest.results import build_results
 from kvops.abtest.rundir import RunDir, RunDirError
+from kvops.abtest.validity import HOST_OVERLOADED
 from kvops.report.abtest_files import write_reports
 from kvops.report.abtest_table import render_table
 from kvops.workload import spec_from_dict
@@ -256,6 +257,38 @@ def test_a_broken_arm_voids_every_verdict_and_the_status_names_it(tmp_path: Path
     assert doc.status == "invalid"
     assert "arm offload broke in custom: 8 of 24" in doc.status_detail
     assert "trial 2, iteration 3" in doc.status_detail
+
+
+def _engine_lag(rd: RunDir, lag_ms: dict[str, float]) -> None:
+    """Each segment's simulated engine reports `lag_ms[arm]` of mean emission lag."""
+    segments = [json.loads(line) for line in rd.segments_path.read_text().splitlines()]
+    for d in segments:
+        d["engine_lag"] = {"sum_s": lag_ms[d["arm"]] / 1e3 * 50, "steps": 50}
+    rd.segments_path.write_text("".join(json.dumps(d) + "\n" for d in segments))
+
+
+def test_a_host_that_could_not_keep_up_withholds_the_verdicts(tmp_path: Path) -> None:
+    """Simulated engines that sent their tokens 45% of their mean TTFT late measured the host:
+    the scenario's verdict and every metric's are withheld, the deltas kept, and a warning
+    says why. On a host that kept up (3% late) the same run keeps its verdict."""
+    rd = _write_run(tmp_path)
+    _engine_lag(rd, {"baseline": 3.0, "offload": 3.0})
+    kept = build_results(rd).doc
+    assert kept.scenarios["custom"].verdict == "helps"
+    assert not any("late on average" in w for w in kept.warnings)
+    _engine_lag(rd, {"baseline": 45.0, "offload": 3.0})
+    doc = build_results(rd).doc
+    sc = doc.scenarios["custom"]
+    assert sc.verdict == HOST_OVERLOADED
+    assert {c.verdict for c in sc.comparisons if not c.verdict.startswith("too few")} == {
+        HOST_OVERLOADED
+    }
+    throughput = sc.comparison("total_token_throughput_tok_s", "offload")
+    assert throughput is not None and throughput.delta_pct is not None
+    assert throughput.delta_pct > 0
+    assert doc.status == "complete"
+    (warning,) = [w for w in doc.warnings if "late on average" in w]
+    assert "simulated engine baseline" in warning and "its verdicts are withheld" in warning
 
 
 def test_cache_hits_beyond_the_shared_prefix_warn_of_a_warm_tier(tmp_path: Path) -> None:

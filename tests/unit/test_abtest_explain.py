@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from kvops.abtest.explain import explain_scenario
 from kvops.abtest.result_types import RunResults, ScenarioResult
-from kvops.abtest.validity import check_scenario
+from kvops.abtest.validity import HOST_OVERLOADED, check_scenario
 from kvops.advise.storage_evidence import StorageFacts, storage_facts
 from kvops.cli import main
 from kvops.sim.costs import CostModel
@@ -90,6 +90,17 @@ def test_never_engaged_names_the_evidence_behind_it() -> None:
     dropped.checks.token_sources["offload"].failed_stores = 12.0
     (drop,) = explain_scenario("multi-shared-prefix", dropped, ARMS)
     assert "LMCache dropped 12 stores (lmcache:put_failed_count)" in drop.line
+
+
+def test_a_withheld_verdict_is_explained_by_the_host_not_the_storage() -> None:
+    """Even beside a bundle whose storage is slower than break-even, a verdict withheld for an
+    overloaded host is not pinned on the storage: the run measured the host."""
+    sc = scenario(90_000.0)
+    sc.verdict = HOST_OVERLOADED
+    facts = storage_facts(load_evidence(FIXTURES / "evidence" / "healthy"), "healthy")
+    (why,) = explain_scenario("multi-shared-prefix", sc, ARMS, facts, break_even(1400))
+    assert why.cause == "host_overloaded"
+    assert "measured this host's CPU, not offload" in why.line and "--sim-time-scale" in why.line
 
 
 def test_compat_mode_in_the_bundle_is_found() -> None:

@@ -9,6 +9,7 @@ from kvops.abtest.engine_counters import counter_delta, read_counters
 from kvops.abtest.result_types import Comparison
 from kvops.abtest.validity import (
     FITS_NOTE,
+    HOST_OVERLOADED,
     NEVER_ENGAGED,
     NO_REUSE_NOTE,
     NOT_FROM_OFFLOAD,
@@ -16,6 +17,8 @@ from kvops.abtest.validity import (
     TokenSources,
     attribute_gains,
     check_scenario,
+    overloaded_arms,
+    withhold_when_overloaded,
     working_set_tokens,
 )
 from kvops.workload.spec import WorkloadSpec
@@ -113,6 +116,43 @@ def test_a_gain_of_an_arm_that_loaded_nothing_is_not_offloads(spec: WorkloadSpec
     assert (helps.ci95_low_pct, helps.ci95_high_pct) == (2.9, 17.8)
     assert hurts.verdict == "hurts" and hurts.caveat == "KV capacity -16%: likely cause"
     assert same.verdict == "no significant difference"
+
+
+def test_an_overloaded_host_voids_every_claim_and_keeps_the_interval() -> None:
+    """Seen in a CI-mode run: one simulated server in both arms (an A/A) read total throughput
+    "hurts" -47% [-70%, -6%] while both arms' tokens left 45-53% of their mean TTFT late. Such
+    a run measured the host's contention, so no claim (a difference or none) may stand."""
+    overloaded = overloaded_arms({"baseline": 0.45, "offload": 0.53})
+    assert overloaded == {"baseline": 0.45, "offload": 0.53}
+    claims = [
+        _judged("hurts"),
+        _judged("helps", "mean_ttft_ms"),
+        _judged("no significant difference", "mean_itl_ms"),
+        _judged(NOT_FROM_OFFLOAD, "output_throughput_tok_s"),
+    ]
+    claims[0].caveat = "KV capacity -16%: likely cause"
+    withhold_when_overloaded(claims, overloaded)
+    assert [c.verdict for c in claims] == [HOST_OVERLOADED] * 4
+    assert claims[0].caveat == (
+        "measured as hurts, but simulated engines ran late (baseline 45%, offload 53% of mean "
+        "TTFT); KV capacity -16%: likely cause"
+    )
+    assert (claims[0].ci95_low_pct, claims[0].ci95_high_pct) == (2.9, 17.8)
+
+
+def test_a_broken_arm_and_too_few_trials_stand_on_an_overloaded_host() -> None:
+    invalid, few = _judged("invalid: 12 errors"), _judged("not enough trials", "mean_ttft_ms")
+    withhold_when_overloaded([invalid, few], {"offload": 0.9})
+    assert (invalid.verdict, few.verdict) == ("invalid: 12 errors", "not enough trials")
+
+
+def test_a_host_that_kept_up_or_a_server_without_lag_keeps_its_verdicts() -> None:
+    """Up to a quarter of the mean TTFT late the verdict stands (a quiet host: 0.2-3%); a real
+    vLLM reports no lag at all."""
+    assert overloaded_arms({"baseline": 0.25, "offload": 0.03, "vllm": None}) == {}
+    helps = _judged("helps")
+    withhold_when_overloaded([helps], {})
+    assert helps.verdict == "helps" and helps.caveat is None
 
 
 def test_a_gain_of_an_arm_that_loaded_kv_stands() -> None:
