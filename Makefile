@@ -20,9 +20,15 @@ $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip
 
+# --no-compile: pip would byte-compile all ~20,000 files of the extras (the Ansible collections
+# most of them), on the path of every first `make test`; importing every library the tests and
+# gates use compiles about 1,200 of them, once each, when first imported (tests/tiers.py writes
+# bytecode). Measured interleaved here: the install took 30, 45 and 52 CPU-s against 38, 77 and
+# 91 byte-compiled.
 $(STAMP): pyproject.toml | $(BIN)/python
 	@echo "installing kvops and its dev extras into $(VENV) ..."
-	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,plots]' \
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile \
+		-e '.[dev,plots]' \
 		> $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
 	@touch $(STAMP)
 

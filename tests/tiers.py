@@ -180,6 +180,7 @@ class Gate:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
+                    env=bytecode_written(),
                 )
             except OSError as exc:  # not found, not executable: a failed gate, not a traceback
                 log.write(f"cannot run the gate: {exc}\n".encode())
@@ -210,6 +211,21 @@ class Gate:
         _write(self.log_path.read_text(errors="replace"))
         stopping = "" if rc == 0 else ": stopping the tier groups"
         _write(f"{bar} gate: exit {rc} after {self.wall_s:.0f} s{stopping} {bar}\n")
+
+
+def bytecode_written() -> dict[str, str]:
+    """This environment with Python's bytecode writing on, for the groups and the gate.
+
+    With PYTHONDONTWRITEBYTECODE set (some CI images set it) every Python process recompiles
+    what it imports from source (kvops, the tests, pytest's assertion rewriting), and the suite
+    starts hundreds (each CLI call, each embedded engine, each Ansible run's kvops plugins).
+    Measured here: collecting the suite 7.0 CPU-s against 2.7, CLI-heavy integration modules
+    17% fewer CPU-seconds. And `make test` installs .venv without byte-compiling it (Makefile):
+    the suite imports a tenth of its files, so each is compiled once, by the first process that
+    imports it."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def group_argv(pytest: Sequence[str], group: Group, args: Sequence[str]) -> list[str]:
@@ -465,13 +481,7 @@ def run(
         for group in groups:
             group.log = group.log_path.open("wb")
             group.started_s = time.monotonic()
-            env = dict(os.environ)
-            # Bytecode is written: with PYTHONDONTWRITEBYTECODE set (some CI images set it)
-            # every Python process recompiles what it imports from source (kvops, the tests,
-            # pytest's assertion rewriting), and the suite starts hundreds (each CLI call, each
-            # embedded engine, each Ansible run's kvops plugins). Measured here: collecting the
-            # suite 7.0 CPU-s against 2.7, CLI-heavy integration modules 17% fewer CPU-seconds.
-            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env = bytecode_written()
             if group.cgroup is not None:
                 env[cpu_account.ENV] = str(group.cgroup.path)
             group.proc = subprocess.Popen(

@@ -279,9 +279,16 @@ def test_a_failing_gate_stops_every_group_and_is_the_exit_status(
 
 
 def test_a_passing_gate_is_shown_and_the_groups_give_the_verdict(
-    nested_suite: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    nested_suite: None,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gate = [sys.executable, "-c", "print('All checks passed!')"]
+    """The gate writes bytecode as the groups do (.venv is installed without it), whatever the
+    environment says."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    says = "import sys; sys.exit(4 if sys.dont_write_bytecode else print('All checks passed!'))"
+    gate = [sys.executable, "-c", says]
     rc = run([sys.executable, "-m", "pytest"], tmp_path / "logs", [], gate=gate)
     out = capsys.readouterr().out
     assert rc == 1, out  # the unit group's failing test: the gate's success changes nothing
