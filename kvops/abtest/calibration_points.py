@@ -27,6 +27,7 @@ from kvops.abtest.prediction import (
 from kvops.abtest.result_types import Comparison, ResultsFormatError, RunResults
 from kvops.abtest.rundir import RunDir
 from kvops.abtest.score import MetricScore
+from kvops.abtest.validity import HOST_OVERLOADED
 from kvops.errors import KvopsError
 from kvops.workload.spec import WorkloadSpec
 
@@ -55,8 +56,11 @@ class MeasuredPoint:
         return [m for s in (score.scenarios.values() if score else ()) for m in s.metrics]
 
 
-def run_points(path: Path) -> list[MeasuredPoint]:
-    """The points of one finished run directory (PointsError: not one, or nothing measured)."""
+def run_points(path: Path) -> tuple[list[MeasuredPoint], list[str]]:
+    """The points of one finished run directory (PointsError: not one, or nothing measured),
+    and a note for each scenario left out because its verdicts were withheld: its simulated
+    engines could not keep up (kvops.abtest.validity.HOST_OVERLOADED), so its deltas measured
+    the host and would pull a calibration towards that host's contention."""
     results = path / "results.json"
     if not (path / "run.json").is_file() or not results.is_file():
         raise PointsError(f"{path}: not a finished kvops ab-test run (no run.json/results.json)")
@@ -72,9 +76,13 @@ def run_points(path: Path) -> list[MeasuredPoint]:
         raise PointsError(f"{path}: the run is {doc.status}, not complete: resume it first")
     arms = [str(a["name"]) for a in run["arms"]]
     out = []
+    notes = []
     for spec in specs:
         sc = doc.scenarios.get(spec.name)
         if sc is None or len(arms) < 2:
+            continue
+        if sc.verdict == HOST_OVERLOADED:
+            notes.append(f"left out: {path} {spec.name}: {HOST_OVERLOADED}")
             continue
         measured = [c for c in sc.comparisons if c.candidate_arm == arms[1]]
         if all(c.delta_pct is None for c in measured):
@@ -85,33 +93,42 @@ def run_points(path: Path) -> list[MeasuredPoint]:
                 measured, first.profiles if first else None,
             )
         )  # fmt: skip
-    return out
+    return out, notes
 
 
 def load_points(paths: list[Path]) -> tuple[list[MeasuredPoint], list[str]]:
     """Every measured point under the given run or campaign directories, in order, and a
-    note for each campaign point left out (not finished). A run directory given by itself
-    must be complete."""
+    note for each point left out (a campaign point not finished, a scenario whose verdicts
+    were withheld). A run directory given by itself must be complete."""
     out: list[MeasuredPoint] = []
     notes: list[str] = []
     for path in paths:
         if not path.is_dir():
             raise PointsError(f"{path}: no such run directory")
         if not is_campaign(path):
-            out += run_points(path)
+            points, withheld = run_points(path)
+            out += points
+            notes += withheld
             continue
         campaign = Campaign.load(path)
         found: list[MeasuredPoint] = []
+        withheld_here = 0
         for sub in (path / campaign.sweep.point_dir(v) for v in campaign.sweep.values):
             try:
-                found += run_points(sub)
+                points, withheld = run_points(sub)
             except PointsError as exc:
                 notes.append(f"left out: {exc}")
+                continue
+            found += points
+            notes += withheld
+            withheld_here += len(withheld)
         if not found:
-            raise PointsError(f"{path}: no point of this campaign ({CAMPAIGN_FILE}) finished")
+            why = f" ({withheld_here} left out, {HOST_OVERLOADED})" if withheld_here else ""
+            raise PointsError(f"{path}: no point of this campaign ({CAMPAIGN_FILE}) finished{why}")
         out += found
     if not out:
-        raise PointsError("no measured point in " + ", ".join(str(p) for p in paths))
+        why = f" ({len(notes)} left out, {HOST_OVERLOADED})" if notes else ""
+        raise PointsError("no measured point in " + ", ".join(str(p) for p in paths) + why)
     return out, notes
 
 

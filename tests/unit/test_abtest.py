@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from kvops.abtest.arms import Arm, ArmInfo, arm_differences, parse_arm
+from kvops.abtest.calibration_points import PointsError, load_points
 from kvops.abtest.experiment import Options, segment_plan, trial_warnings
 from kvops.abtest.result_types import RunResults
 from kvops.abtest.results import build_results
@@ -289,6 +290,20 @@ def test_a_host_that_could_not_keep_up_withholds_the_verdicts(tmp_path: Path) ->
     assert doc.status == "complete"
     (warning,) = [w for w in doc.warnings if "late on average" in w]
     assert "simulated engine baseline" in warning and "its verdicts are withheld" in warning
+
+
+def test_a_withheld_scenario_is_left_out_of_calibration(tmp_path: Path) -> None:
+    """`kvops advise --calibrate` fits the simulator to measured deltas: those of an overloaded
+    host measured its contention, so the scenario is left out, and said so."""
+    rd = _write_run(tmp_path)
+    _engine_lag(rd, {"baseline": 3.0, "offload": 3.0})
+    (rd.path / "results.json").write_text(build_results(rd).doc.to_text())
+    points, notes = load_points([rd.path])
+    assert [p.spec.name for p in points] == ["custom"] and notes == []
+    _engine_lag(rd, {"baseline": 3.0, "offload": 60.0})
+    (rd.path / "results.json").write_text(build_results(rd).doc.to_text())
+    with pytest.raises(PointsError, match=r"\(1 left out, withheld: the host could not keep up\)$"):
+        load_points([rd.path])
 
 
 def test_cache_hits_beyond_the_shared_prefix_warn_of_a_warm_tier(tmp_path: Path) -> None:
