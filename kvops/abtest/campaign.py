@@ -32,6 +32,7 @@ from kvops.abtest.metrics import PRIMARY_METRIC
 from kvops.abtest.result_types import ResultsFormatError, RunResults
 from kvops.abtest.score import Score
 from kvops.abtest.session import AbTestRequest, prepare, run_ab_test
+from kvops.abtest.validity import HOST_OVERLOADED
 from kvops.errors import KvopsError
 from kvops.workload.spec import WorkloadSpec, WorkloadSpecError, spec_from_dict
 
@@ -178,12 +179,26 @@ def find_crossover(sweep: Sweep, points: list[PointResult]) -> Crossover:
             break
         first = p
     if first is None:
+        largest = measured[-1]
+        if largest.verdict == HOST_OVERLOADED:  # unknown there, not "does not help"
+            return Crossover(
+                None, None,
+                f"unknown: the verdict at {sweep.param} = {sweep.label(largest.value)}, the "
+                f"largest value measured, was {HOST_OVERLOADED}",
+            )  # fmt: skip
         return Crossover(
             None, None,
             f"none in range: offload does not help at {sweep.param} = "
-            f"{sweep.label(measured[-1].value)}, the largest value measured",
+            f"{sweep.label(largest.value)}, the largest value measured",
         )  # fmt: skip
     before = [p for p in measured if p.value < first.value]
+    if before and before[-1].verdict == HOST_OVERLOADED:  # it may help there too: unbracketed
+        return Crossover(
+            first.value, None,
+            f"offload helps from {sweep.param} = {sweep.label(first.value)} on; the verdict at "
+            f"{sweep.label(before[-1].value)} was {HOST_OVERLOADED}, so the crossover is at or "
+            "below it",
+        )  # fmt: skip
     if not before:
         return Crossover(
             first.value, None,

@@ -17,6 +17,7 @@ from kvops.abtest.campaign import (
     parse_sweep,
     point_spec,
 )
+from kvops.abtest.validity import HOST_OVERLOADED
 from kvops.report.campaign_plots import campaign_curves, write_campaign_plots
 from kvops.workload.spec import load_preset
 
@@ -41,6 +42,22 @@ def test_the_crossover_is_bracketed_by_the_last_point_that_did_not_help() -> Non
     assert none.value is None and none.text.startswith("none in range")
     every = find_crossover(sweep, [PointResult(5, "a", "complete", "helps")])
     assert every.value == 5 and every.after is None and "at or below it" in every.text
+
+
+def test_a_withheld_point_leaves_the_crossover_unknown_not_absent() -> None:
+    """A point whose host could not keep up has no verdict: it neither brackets the crossover
+    nor says offload does not help."""
+    sweep = parse_sweep("num_prefixes=5,10,15")
+    below = find_crossover(sweep, [
+        PointResult(5, "a", "complete", "no significant difference"),
+        PointResult(10, "b", "complete", HOST_OVERLOADED),
+        PointResult(15, "c", "complete", "helps"),
+    ])  # fmt: skip
+    assert (below.value, below.after) == (15, None)
+    assert "the crossover is at or below it" in below.text and HOST_OVERLOADED in below.text
+    top = find_crossover(sweep, [PointResult(5, "a", "complete", "hurts"),
+                                 PointResult(10, "b", "complete", HOST_OVERLOADED)])  # fmt: skip
+    assert top.value is None and top.text.startswith("unknown: the verdict at num_prefixes = 10")
 
 
 def test_a_point_is_the_workload_with_one_value_changed() -> None:
