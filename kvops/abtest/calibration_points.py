@@ -81,10 +81,10 @@ def run_points(path: Path) -> tuple[list[MeasuredPoint], list[str]]:
         sc = doc.scenarios.get(spec.name)
         if sc is None or len(arms) < 2:
             continue
-        if sc.verdict == HOST_OVERLOADED:
+        measured = [c for c in sc.comparisons if c.candidate_arm == arms[1]]
+        if any(c.verdict == HOST_OVERLOADED for c in measured):  # also under "never engaged"
             notes.append(f"left out: {path} {spec.name}: {HOST_OVERLOADED}")
             continue
-        measured = [c for c in sc.comparisons if c.candidate_arm == arms[1]]
         if all(c.delta_pct is None for c in measured):
             continue
         out.append(

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kvops.abtest.engine_counters import SOURCE_PREFIX
+from kvops.abtest.score import CLAIMS
 from kvops.workload.spec import WorkloadSpec
 
 NEVER_ENGAGED = "offload never engaged"
@@ -61,9 +62,9 @@ HOST_OVERLOADED = "withheld: the host could not keep up"
 # latencies: seen, an A/A (one server in both arms) read total throughput "hurts" -47%
 # [-70%, -6%] with both arms 45-53% late; on a quiet 2-core host the lag is 0.2-3%.
 OVERLOAD_LAG_SHARE = 0.25
-# the verdicts that claim something about the arms (kvops.abtest.score.CLAIMS and the gain
-# attribution's rewrite of "helps"): an overloaded host voids each of them
-_TIMED_CLAIMS = ("helps", "hurts", "no significant difference", NOT_FROM_OFFLOAD)
+# the verdicts that claim something about the arms (and the gain attribution's rewrite of
+# "helps"): an overloaded host voids each of them
+_TIMED_CLAIMS = (*CLAIMS, NOT_FROM_OFFLOAD)
 FITS_NOTE = "fits in GPU memory: offload cannot help here"
 NO_REUSE_NOTE = (
     "no reuse: every prompt is new, so offload has nothing to load (store overhead only)"
