@@ -10,6 +10,7 @@ max_model_len), and the labels of `vllm:cache_config_info` other than the KV-con
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -263,11 +264,18 @@ async def emission_lag(session: aiohttp.ClientSession, info: ArmInfo) -> tuple[f
     """(sum of seconds, steps) of the simulated engine's emission-lag histogram so far, or
     None for a server without it (a real vLLM): a segment's lag is the difference of two reads."""
     body = await _metrics_text(session, info)
-    if body is None:
-        return None
-    parsed = parse_prometheus_text(body)
+    return None if body is None else emission_lag_of(body)
+
+
+def emission_lag_of(metrics_text: str) -> tuple[float, int] | None:
+    """(sum of seconds, steps) from a /metrics page, None without the histogram. The server
+    is not trusted: a sum or count that is not a finite non-negative number counts as no
+    histogram (it would otherwise void, or hide, every verdict of the run)."""
+    parsed = parse_prometheus_text(metrics_text)
     total = parsed.counter_value(EMISSION_LAG + "_sum")
     count = parsed.counter_value(EMISSION_LAG + "_count")
     if total is None or count is None:
+        return None
+    if not (math.isfinite(total) and math.isfinite(count) and total >= 0 and count >= 0):
         return None
     return total, int(count)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvops.abtest.arms import emission_lag_of
 from kvops.abtest.engine_counters import counter_delta, read_counters
 from kvops.abtest.result_types import Comparison
 from kvops.abtest.validity import (
@@ -239,3 +240,20 @@ def test_nothing_loaded_reads_back_from_old_and_malformed_documents() -> None:
         assert ScenarioChecks.from_json({**doc, "nothing_loaded": value}).nothing_loaded == names
     del doc["nothing_loaded"]
     assert ScenarioChecks.from_json(doc).nothing_loaded == []
+
+
+@pytest.mark.parametrize(
+    ("sum_s", "count", "read"),
+    [("1.5", "30", (1.5, 30)), ("NaN", "30", None), ("+Inf", "30", None), ("1.5", "+Inf", None),
+     ("-2", "30", None), ("1.5", "-1", None)],
+)  # fmt: skip
+def test_an_emission_lag_that_is_not_a_finite_count_is_no_lag(
+    sum_s: str, count: str, read: tuple[float, int] | None
+) -> None:
+    """A server's /metrics decides whether verdicts are withheld, so a NaN, infinite or
+    negative histogram counts as none (and never as an exception mid-run)."""
+    page = (
+        f"kvops:sim_emission_lag_seconds_sum {sum_s}\n"
+        f"kvops:sim_emission_lag_seconds_count {count}\n"
+    )
+    assert emission_lag_of(page) == read
